@@ -1,0 +1,34 @@
+# The README's two commands: `make demo` and `make test`. Both set everything up first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench constraints clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/python -m jobwarden.control.rehearsal --out out/demo
+
+test: setup
+	$(BIN)/pytest -n 2
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: setup
+	$(BIN)/python bench/checkpoint.py
+
+constraints: setup
+	$(BIN)/pip freeze --exclude-editable | sort -f > constraints.new && mv constraints.new constraints.txt
+
+clean:
+	rm -rf $(VENV) out

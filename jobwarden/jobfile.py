@@ -1,0 +1,160 @@
+"""Job files: TOML or JSON in, a frozen validated `Job` out, or every problem listed.
+
+One format serves the worker and the spool.  ``[train]`` holds the task's
+training fields (hashed into the config hash); ``[run]`` and ``[faults]`` are
+operational and never hashed, so a compatible retry may change them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from jobwarden.errors import JobFileError
+from jobwarden.tasks import Task, TrainFields, known_tasks
+
+MAX_JOB_FILE_BYTES = 256 * 1024
+NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def check_name(value: str) -> str:
+    """A job id or checkpoint name: one safe path segment, never ``.`` or ``..``."""
+    if not NAME_PATTERN.fullmatch(value) or set(value) == {"."}:
+        raise ValueError("must match [A-Za-z0-9._-]{1,64} and not be '.' or '..'")
+    return value
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class RunSection(_Section):
+    """Operational settings of a run."""
+
+    steps: int = Field(8, ge=1, le=10**9)
+    checkpoint_every: int = Field(2, ge=1)
+    keep_checkpoints: int = Field(3, ge=1)
+    resume: Literal["auto", "require", "never"] = "auto"
+    hash_every: int = Field(1, ge=1)
+
+
+class FaultSection(_Section):
+    """Drill faults; operational, never hashed."""
+
+    fail_after: int | None = Field(None, ge=1)
+    crash_after: int | None = Field(None, ge=1)
+    crash_in_commit: int | None = Field(None, ge=1)
+    stall_at: int | None = Field(None, ge=0)
+    stall_seconds: float = Field(10.0, gt=0, le=86400)
+    step_delay_s: float = Field(0.0, ge=0, le=60)
+
+    def active(self) -> bool:
+        """Whether any fault is set."""
+        return any(v is not None for v in (self.fail_after, self.crash_after,
+                                           self.crash_in_commit, self.stall_at))
+
+
+class _Document(_Section):
+    id: str
+    task: str
+    checkpoint: str | None = None
+    train: dict[str, Any] = Field(default_factory=dict)
+    run: RunSection = RunSection()
+    faults: FaultSection = FaultSection()
+
+    _names = field_validator("id", "checkpoint")(
+        lambda value: value if value is None else check_name(value))
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated job: task, training fields, run settings and faults."""
+
+    id: str
+    task: str
+    checkpoint: str
+    train: TrainFields
+    run: RunSection
+    faults: FaultSection
+
+    def task_instance(self) -> Task:
+        """The task object for this job's training fields."""
+        return known_tasks()[self.task](self.train)
+
+    def train_fields(self) -> dict[str, Any]:
+        """The normalized training fields, defaults filled in."""
+        return self.train.model_dump()
+
+    def to_record(self) -> dict[str, Any]:
+        """The normalized request, as JSON-ready data."""
+        return {"id": self.id, "task": self.task, "checkpoint": self.checkpoint,
+                "train": self.train_fields(), "run": self.run.model_dump(),
+                "faults": self.faults.model_dump()}
+
+
+def _problems(error: ValidationError, prefix: str = "") -> list[str]:
+    found = []
+    for item in error.errors():
+        where = prefix + ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = "unknown field" if item["type"] == "extra_forbidden" else item["msg"]
+        found.append(f"{where}: {message} (found {item['input']!r})")
+    return found
+
+
+def parse_text(text: str, fmt: Literal["toml", "json"]) -> dict[str, Any]:
+    """Decode a job document; raises ValueError naming the syntax error."""
+    if fmt == "json":
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError(f"a JSON job file holds an object, found {type(value).__name__}")
+        return value
+    return tomllib.loads(text)
+
+
+def job_from_mapping(document: dict[str, Any], origin: str = "<job>") -> Job:
+    """Validate a decoded job document; raises `JobFileError` listing every problem."""
+    problems: list[str] = []
+    parsed: _Document | None = None
+    try:
+        parsed = _Document.model_validate(document)
+    except ValidationError as error:
+        problems.extend(_problems(error))
+    task_name = document.get("task")
+    tasks = known_tasks()
+    task_cls = tasks.get(task_name) if isinstance(task_name, str) else None
+    if isinstance(task_name, str) and task_cls is None:
+        problems.append(f"task: unknown task {task_name!r} (known: {', '.join(sorted(tasks))})")
+    train: TrainFields | None = None
+    raw_train = document.get("train", {})
+    if task_cls is not None and isinstance(raw_train, dict):
+        try:
+            train = task_cls.Train.model_validate(raw_train)
+        except ValidationError as error:
+            problems.extend(_problems(error, "train."))
+    if problems or parsed is None or train is None:
+        raise JobFileError(origin, problems or ["train: must be a table"])
+    return Job(id=parsed.id, task=parsed.task, checkpoint=parsed.checkpoint or parsed.id,
+               train=train, run=parsed.run, faults=parsed.faults)
+
+
+def load_job(path: Path) -> Job:
+    """Read and validate a job file (``.json`` is JSON, anything else TOML)."""
+    origin = str(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise JobFileError(origin, [f"cannot read: {error.strerror}"]) from error
+    if len(raw) > MAX_JOB_FILE_BYTES:
+        raise JobFileError(origin, [f"file is {len(raw)} bytes, over the {MAX_JOB_FILE_BYTES}"
+                                    "-byte limit"])
+    try:
+        document = parse_text(raw.decode(), "json" if path.suffix == ".json" else "toml")
+    except (ValueError, UnicodeDecodeError) as error:
+        raise JobFileError(origin, [f"syntax: {error}"]) from error
+    return job_from_mapping(document, origin)
