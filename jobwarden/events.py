@@ -22,7 +22,7 @@ REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "started": {"pid": (int,), "backend": (str,), "devices": (list,), "runtime": (dict,)},
     "restored": {"step": (int,), "file": (str,), "state_hash": (str,), "components": (dict,),
                  "checks": (list,), "skipped": (list,)},
-    "ready": {"step": (int,), "warmup_s": (float, int)},
+    "ready": {"step": (int,), "warmup_s": (float, int), "state_hash": (str,), "components": (dict,)},
     "progress": {"step": (int,), "loss": (float, int, str), "examples": (int,),
                  "update_s": (float, int), "state_hash": (str, type(None))},
     "checkpoint": {"step": (int,), "file": (str,), "bytes": (int,), "seconds": (float, int),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -251,39 +251,16 @@ def _read_exact(fd: int, view: memoryview) -> int:
     return filled
 
 
-def read(path: Path, on_data: Callable[[memoryview], None] | None = None) -> Checkpoint:
+def read(path: Path) -> Checkpoint:
     """Read and verify one checkpoint file.
 
     Raises `UnreadableCheckpoint`, `TruncatedCheckpoint` or `ChecksumMismatch`
     for damage, and `SchemaMismatch` for a file of another schema version.
     """
     name = str(path)
+    fd = _open(name)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as error:
-        raise UnreadableCheckpoint(name, f"cannot open: {error.strerror}") from error
-    try:
-        size = os.fstat(fd).st_size
-        if size < 8:
-            raise TruncatedCheckpoint(name, f"file has {size} bytes, fewer than the 8-byte prefix",
-                                      size=size)
-        (header_len,) = struct.unpack("<Q", os.pread(fd, 8, 0))
-        if header_len > MAX_HEADER_BYTES:
-            raise UnreadableCheckpoint(name, f"header length {header_len} exceeds "
-                                       f"{MAX_HEADER_BYTES}; not a jobwarden checkpoint")
-        if 8 + header_len > size:
-            raise TruncatedCheckpoint(name, f"header needs {8 + header_len} bytes, file has {size}",
-                                      size=size)
-        header_bytes = os.pread(fd, header_len, 8)
-        try:
-            header = json.loads(header_bytes)
-            meta = header.pop("__metadata__")
-            manifest_text = meta["jobwarden"]
-            stored_checksum = meta["checksum"]
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise UnreadableCheckpoint(name, f"safetensors header is malformed: {error!r}") from error
-        manifest = Manifest.from_json(name, manifest_text)
-        _check_table(name, header, manifest)
+        size, header_len, manifest_text, stored_checksum, manifest = _read_header(fd, name)
         expected = sum(leaf.nbytes for leaf in manifest.leaves)
         available = size - 8 - header_len
         if available < expected:
@@ -299,8 +276,6 @@ def read(path: Path, on_data: Callable[[memoryview], None] | None = None) -> Che
             raise TruncatedCheckpoint(name, "file shrank while it was read", size=size)
     finally:
         os.close(fd)
-    if on_data is not None:
-        on_data(view)
     found = _checksum(manifest_text.encode(), [view])
     if found != stored_checksum:
         raise ChecksumMismatch(name, f"checksum mismatch: stored {stored_checksum}, "
@@ -315,6 +290,48 @@ def read(path: Path, on_data: Callable[[memoryview], None] | None = None) -> Che
         offset += leaf.nbytes
     return Checkpoint(path=path, manifest=manifest, arrays=arrays, checksum=stored_checksum,
                       size=size)
+
+
+def _open(name: str) -> int:
+    try:
+        return os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as error:
+        raise UnreadableCheckpoint(name, f"cannot open: {error.strerror}") from error
+
+
+def _read_header(fd: int, name: str) -> tuple[int, int, str, str, Manifest]:
+    size = os.fstat(fd).st_size
+    if size < 8:
+        raise TruncatedCheckpoint(name, f"file has {size} bytes, fewer than the 8-byte prefix",
+                                  size=size)
+    (header_len,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+    if header_len > MAX_HEADER_BYTES:
+        raise UnreadableCheckpoint(name, f"header length {header_len} exceeds "
+                                   f"{MAX_HEADER_BYTES}; not a jobwarden checkpoint")
+    if 8 + header_len > size:
+        raise TruncatedCheckpoint(name, f"header needs {8 + header_len} bytes, file has {size}",
+                                  size=size)
+    header_bytes = os.pread(fd, header_len, 8)
+    try:
+        header = json.loads(header_bytes)
+        meta = header.pop("__metadata__")
+        manifest_text = meta["jobwarden"]
+        stored_checksum = meta["checksum"]
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise UnreadableCheckpoint(name, f"safetensors header is malformed: {error!r}") from error
+    manifest = Manifest.from_json(name, manifest_text)
+    _check_table(name, header, manifest)
+    return size, header_len, manifest_text, stored_checksum, manifest
+
+
+def read_manifest(path: Path) -> tuple[Manifest, str, int]:
+    """The manifest, stored checksum and file size, without reading or verifying the data."""
+    fd = _open(str(path))
+    try:
+        size, _, _, checksum, manifest = _read_header(fd, str(path))
+    finally:
+        os.close(fd)
+    return manifest, checksum, size
 
 
 def _check_table(name: str, header: dict[str, Any], manifest: Manifest) -> None:

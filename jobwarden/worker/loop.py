@@ -178,7 +178,9 @@ def _run(job: Job, directory: Path, emitter: Emitter, compile_cache: Path | None
     update = jax.jit(task.update(data))
     began = time.perf_counter()
     jax.block_until_ready(update(state))
+    start_hash, start_components = state_hash(state_tree.flatten(state), step)
     emitter.emit("ready", step=step, warmup_s=time.perf_counter() - began,
+                 state_hash=start_hash, components=start_components,
                  generation=lock.generation, quarantined=skipped)
 
     committed_step = step if selection.checkpoint is not None else -1
