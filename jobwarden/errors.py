@@ -35,8 +35,9 @@ class JobFileError(JobwardenError):
 
     def __init__(self, path: str, problems: list[str]) -> None:
         listing = "; ".join(problems)
-        super().__init__(f"{path}: {len(problems)} problem(s): {listing}", path=path,
-                         problems=problems)
+        super().__init__(
+            f"{path}: {len(problems)} problem(s): {listing}", path=path, problems=problems
+        )
         self.problems = problems
 
 

@@ -20,13 +20,34 @@ SCHEMA_VERSION = 1
 # The fields each kind must carry, with their JSON types.
 REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "started": {"pid": (int,), "backend": (str,), "devices": (list,), "runtime": (dict,)},
-    "restored": {"step": (int,), "file": (str,), "state_hash": (str,), "components": (dict,),
-                 "checks": (list,), "skipped": (list,)},
-    "ready": {"step": (int,), "warmup_s": (float, int), "state_hash": (str,), "components": (dict,)},
-    "progress": {"step": (int,), "loss": (float, int, str), "examples": (int,),
-                 "update_s": (float, int), "state_hash": (str, type(None))},
-    "checkpoint": {"step": (int,), "file": (str,), "bytes": (int,), "seconds": (float, int),
-                   "state_hash": (str,)},
+    "restored": {
+        "step": (int,),
+        "file": (str,),
+        "state_hash": (str,),
+        "components": (dict,),
+        "checks": (list,),
+        "skipped": (list,),
+    },
+    "ready": {
+        "step": (int,),
+        "warmup_s": (float, int),
+        "state_hash": (str,),
+        "components": (dict,),
+    },
+    "progress": {
+        "step": (int,),
+        "loss": (float, int, str),
+        "examples": (int,),
+        "update_s": (float, int),
+        "state_hash": (str, type(None)),
+    },
+    "checkpoint": {
+        "step": (int,),
+        "file": (str,),
+        "bytes": (int,),
+        "seconds": (float, int),
+        "state_hash": (str,),
+    },
     "completed": {"step": (int,), "state_hash": (str,)},
     "preempted": {"step": (int,), "reason": (str,)},
     "failed": {"code": (str,), "message": (str,), "exit_status": (int,)},
@@ -71,16 +92,20 @@ def parse_line(line: str, lineno: int = 0) -> Event | Malformed:
     if not isinstance(record, dict):
         return Malformed(line, "not a JSON object", lineno)
     if record.get("v") != SCHEMA_VERSION:
-        return Malformed(line, f"schema version {record.get('v')!r}, expected {SCHEMA_VERSION}",
-                         lineno)
+        return Malformed(
+            line, f"schema version {record.get('v')!r}, expected {SCHEMA_VERSION}", lineno
+        )
     kind = record.get("event")
     if kind not in REQUIRED:
         return Malformed(line, f"unknown event kind {kind!r}", lineno)
     for name, types in REQUIRED[kind].items():
         value = record.get(name)
         if not isinstance(value, types) or isinstance(value, bool):
-            return Malformed(line, f"{kind}.{name} is {value!r}, expected "
-                             f"{'/'.join(t.__name__ for t in types)}", lineno)
+            return Malformed(
+                line,
+                f"{kind}.{name} is {value!r}, expected {'/'.join(t.__name__ for t in types)}",
+                lineno,
+            )
     return Event(kind, record)
 
 
@@ -114,8 +139,12 @@ class Emitter:
         """Write one event; raises `SupervisorGone` once the stream is broken."""
         if self.broken:
             raise SupervisorGone(kind)
-        record = {"v": SCHEMA_VERSION, "event": kind, "time": time.time(),
-                  **{k: _finite(v) for k, v in fields.items()}}
+        record = {
+            "v": SCHEMA_VERSION,
+            "event": kind,
+            "time": time.time(),
+            **{k: _finite(v) for k, v in fields.items()},
+        }
         try:
             self.stream.write(json.dumps(record, allow_nan=False) + "\n")
             self.stream.flush()

@@ -56,8 +56,10 @@ class FaultSection(_Section):
 
     def active(self) -> bool:
         """Whether any fault is set."""
-        return any(v is not None for v in (self.fail_after, self.crash_after,
-                                           self.crash_in_commit, self.stall_at))
+        return any(
+            v is not None
+            for v in (self.fail_after, self.crash_after, self.crash_in_commit, self.stall_at)
+        )
 
 
 class _Document(_Section):
@@ -69,7 +71,8 @@ class _Document(_Section):
     faults: FaultSection = FaultSection()
 
     _names = field_validator("id", "checkpoint")(
-        lambda value: value if value is None else check_name(value))
+        lambda value: value if value is None else check_name(value)
+    )
 
 
 @dataclass(frozen=True)
@@ -93,9 +96,14 @@ class Job:
 
     def to_record(self) -> dict[str, Any]:
         """The normalized request, as JSON-ready data."""
-        return {"id": self.id, "task": self.task, "checkpoint": self.checkpoint,
-                "train": self.train_fields(), "run": self.run.model_dump(),
-                "faults": self.faults.model_dump()}
+        return {
+            "id": self.id,
+            "task": self.task,
+            "checkpoint": self.checkpoint,
+            "train": self.train_fields(),
+            "run": self.run.model_dump(),
+            "faults": self.faults.model_dump(),
+        }
 
 
 def _problems(error: ValidationError, prefix: str = "") -> list[str]:
@@ -137,10 +145,36 @@ def job_from_mapping(document: dict[str, Any], origin: str = "<job>") -> Job:
             train = task_cls.Train.model_validate(raw_train)
         except ValidationError as error:
             problems.extend(_problems(error, "train."))
+    if parsed is not None:
+        problems.extend(_fault_problems(parsed.run, parsed.faults))
     if problems or parsed is None or train is None:
         raise JobFileError(origin, problems or ["train: must be a table"])
-    return Job(id=parsed.id, task=parsed.task, checkpoint=parsed.checkpoint or parsed.id,
-               train=train, run=parsed.run, faults=parsed.faults)
+    return Job(
+        id=parsed.id,
+        task=parsed.task,
+        checkpoint=parsed.checkpoint or parsed.id,
+        train=train,
+        run=parsed.run,
+        faults=parsed.faults,
+    )
+
+
+def _fault_problems(run: RunSection, faults: FaultSection) -> list[str]:
+    """Faults that could never fire are mistakes in a drill, not silent no-ops."""
+    found = []
+    for name in ("fail_after", "crash_after", "crash_in_commit", "stall_at"):
+        step = getattr(faults, name)
+        if step is not None and step > run.steps:
+            found.append(
+                f"faults.{name}: {step} is past run.steps = {run.steps}; the fault would never fire"
+            )
+    step = faults.crash_in_commit
+    if step is not None and step <= run.steps and step % run.checkpoint_every and step != run.steps:
+        found.append(
+            f"faults.crash_in_commit: step {step} is not a checkpoint step "
+            f"(checkpoint_every = {run.checkpoint_every}, steps = {run.steps})"
+        )
+    return found
 
 
 def load_job(path: Path) -> Job:
@@ -151,8 +185,9 @@ def load_job(path: Path) -> Job:
     except OSError as error:
         raise JobFileError(origin, [f"cannot read: {error.strerror}"]) from error
     if len(raw) > MAX_JOB_FILE_BYTES:
-        raise JobFileError(origin, [f"file is {len(raw)} bytes, over the {MAX_JOB_FILE_BYTES}"
-                                    "-byte limit"])
+        raise JobFileError(
+            origin, [f"file is {len(raw)} bytes, over the {MAX_JOB_FILE_BYTES}-byte limit"]
+        )
     try:
         document = parse_text(raw.decode(), "json" if path.suffix == ".json" else "toml")
     except (ValueError, UnicodeDecodeError) as error:

@@ -8,7 +8,7 @@ path segment names its state component.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -40,5 +40,5 @@ def flatten(state: State) -> Leaves:
 def unflatten_like(template: State, arrays: Mapping[str, np.ndarray]) -> State:
     """A state with ``template``'s structure and the leaves of ``arrays``."""
     _, treedef = jax.tree_util.tree_flatten(template)
-    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(arrays[p])
-                                                  for p in leaf_paths(template)])
+    leaves = [jnp.asarray(arrays[p]) for p in leaf_paths(template)]
+    return cast(State, jax.tree_util.tree_unflatten(treedef, leaves))

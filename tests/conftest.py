@@ -26,8 +26,12 @@ def worker(compile_cache: Path, tmp_path: Path) -> Runner:
     counter = iter(range(1, 1000))
 
     def run(job_file: Path, checkpoint_dir: Path, folder: Path | None = None) -> AttemptResult:
-        return run_worker(job_file, checkpoint_dir,
-                          folder or tmp_path / "attempts" / str(next(counter)), compile_cache)
+        return run_worker(
+            job_file,
+            checkpoint_dir,
+            folder or tmp_path / "attempts" / str(next(counter)),
+            compile_cache,
+        )
 
     return run
 

@@ -52,6 +52,7 @@ def rewrite_checkpoint(path: Path, change: dict[str, np.ndarray]) -> None:
     arrays.update(change)
     leaves = [(leaf.path, arrays[leaf.path]) for leaf in checkpoint.manifest.leaves]
     digest, components = state_hash(leaves, checkpoint.manifest.step)
-    manifest = dataclasses.replace(checkpoint.manifest, state_hash=digest, components=components,
-                                   created=time.time())
+    manifest = dataclasses.replace(
+        checkpoint.manifest, state_hash=digest, components=components, created=time.time()
+    )
     atomic.commit(path, format.encode(manifest, leaves))

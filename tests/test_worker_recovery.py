@@ -35,7 +35,8 @@ def test_default_task_is_the_lesson_bit_for_bit(reference: AttemptResult) -> Non
         key, sample = jax.random.split(key)
         indices = jax.random.choice(sample, 64, (8,), replace=False)
         loss, grad = jax.value_and_grad(
-            lambda p: jnp.mean((p[0] * x[indices] + p[1] - y[indices]) ** 2))(params)
+            lambda p: jnp.mean((p[0] * x[indices] + p[1] - y[indices]) ** 2)
+        )(params)
         velocity = 0.8 * velocity + grad
         return params - 0.04 * velocity, velocity, key, loss
 
@@ -52,7 +53,8 @@ def test_default_task_is_the_lesson_bit_for_bit(reference: AttemptResult) -> Non
 
 
 def test_lesson_drill_restores_step_2_and_replays_3_to_8(
-        reference: AttemptResult, worker: Runner, tmp_path: Path) -> None:
+    reference: AttemptResult, worker: Runner, tmp_path: Path
+) -> None:
     """Fail after update 3: the resume restores step 2, replays 3..8 and verify proves it."""
     ck = tmp_path / "ck"
     failed = worker(job(tmp_path / "f.toml", "drill", faults={"fail_after": 3}), ck)
@@ -68,16 +70,33 @@ def test_lesson_drill_restores_step_2_and_replays_3_to_8(
     ref_final = format.read(Path(kinds(reference, "completed")[0]["file"]))
     res_final = format.read(Path(kinds(resumed, "completed")[0]["file"]))
     assert ref_final.arrays.keys() == res_final.arrays.keys()
-    assert all(ref_final.arrays[p].tobytes() == res_final.arrays[p].tobytes()
-               for p in ref_final.arrays)
+    assert all(
+        ref_final.arrays[p].tobytes() == res_final.arrays[p].tobytes() for p in ref_final.arrays
+    )
 
 
 def test_lesson_exercise_seed_9_every_3_fail_after_5(tmp_path: Path) -> None:
     """The exercise through the demo's own drill: restored at 3, equal to its reference."""
     out = tmp_path / "drill"
-    done = subprocess.run([sys.executable, "-m", "jobwarden.control.rehearsal", "--out", str(out),
-                           "--seed", "9", "--checkpoint-every", "3", "--fail-after", "5"],
-                          capture_output=True, text=True, check=False, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jobwarden.control.rehearsal",
+            "--out",
+            str(out),
+            "--seed",
+            "9",
+            "--checkpoint-every",
+            "3",
+            "--fail-after",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     verdict = json.loads((out / "verdict.json").read_text())
     assert verdict["restored_step"] == 3
@@ -86,7 +105,8 @@ def test_lesson_exercise_seed_9_every_3_fail_after_5(tmp_path: Path) -> None:
 
 
 def test_hard_crash_after_update_resumes_exactly(
-        reference: AttemptResult, worker: Runner, tmp_path: Path) -> None:
+    reference: AttemptResult, worker: Runner, tmp_path: Path
+) -> None:
     """A SIGKILL after update 5 leaves step 4 committed; the resume replays 5..8 exactly."""
     ck = tmp_path / "ck"
     crashed = worker(job(tmp_path / "c.toml", "crash", faults={"crash_after": 5}), ck)
@@ -98,7 +118,8 @@ def test_hard_crash_after_update_resumes_exactly(
 
 
 def test_sigterm_commits_the_current_step_and_resumes_exactly(
-        compile_cache: Path, worker: Runner, tmp_path: Path) -> None:
+    compile_cache: Path, worker: Runner, tmp_path: Path
+) -> None:
     """SIGTERM mid-run: the in-flight update finishes, that step is committed, resume is exact."""
     run = {"steps": 200, "checkpoint_every": 50}
     ref = worker(job(tmp_path / "ref.toml", "ref", run=run), tmp_path / "ref-ck")
@@ -106,9 +127,22 @@ def test_sigterm_commits_the_current_step_and_resumes_exactly(
     spec = job(tmp_path / "slow.toml", "slow", run=run, faults={"step_delay_s": 0.01})
     folder = tmp_path / "preempted"
     folder.mkdir()
-    with subprocess.Popen([sys.executable, "-m", "jobwarden.worker", "--job", str(spec),
-                           "--checkpoint-dir", str(ck), "--compile-cache", str(compile_cache)],
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jobwarden.worker",
+            "--job",
+            str(spec),
+            "--checkpoint-dir",
+            str(ck),
+            "--compile-cache",
+            str(compile_cache),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as proc:
         assert proc.stdout is not None
         lines = []
         for line in proc.stdout:
@@ -139,26 +173,42 @@ def test_mlp_of_a_few_mib_resumes_exactly_at_every_step(worker: Runner, tmp_path
     size = kinds(ref, "checkpoint")[0]["bytes"]
     assert 2 * 2**20 < size < 8 * 2**20
     ck = tmp_path / "ck"
-    failed = worker(job(tmp_path / "f.toml", "m", "mlp", train=train, run=run,
-                        faults={"fail_after": 3}), ck)
+    failed = worker(
+        job(tmp_path / "f.toml", "m", "mlp", train=train, run=run, faults={"fail_after": 3}), ck
+    )
     resumed = worker(job(tmp_path / "r.toml", "m", "mlp", train=train, run=run), ck)
     assert [e["step"] for e in kinds(resumed, "restored")] == [2]
     report = proven(ref, failed, resumed)
     assert report.proven, verify.render(report)
-    leaves = [leaf.path for leaf in format.read(Path(kinds(ref, "completed")[0]["file"]))
-              .manifest.leaves]
+    leaves = [
+        leaf.path for leaf in format.read(Path(kinds(ref, "completed")[0]["file"])).manifest.leaves
+    ]
     assert "opt_state/0/mu/params/layer01/w" in leaves or any("/mu/" in p for p in leaves)
 
 
 def test_stall_fault_hangs_and_sigusr1_dumps_every_thread(
-        compile_cache: Path, tmp_path: Path) -> None:
+    compile_cache: Path, tmp_path: Path
+) -> None:
     """stall_at hangs after N updates; SIGUSR1 makes the worker print every thread's stack."""
     spec = job(tmp_path / "s.toml", "stall", faults={"stall_at": 2, "stall_seconds": 30})
-    with subprocess.Popen([sys.executable, "-m", "jobwarden.worker", "--job", str(spec),
-                           "--checkpoint-dir", str(tmp_path / "ck"), "--compile-cache",
-                           str(compile_cache)], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True) as proc:
-        assert proc.stdout is not None and proc.stderr is not None
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jobwarden.worker",
+            "--job",
+            str(spec),
+            "--checkpoint-dir",
+            str(tmp_path / "ck"),
+            "--compile-cache",
+            str(compile_cache),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
         for line in proc.stdout:
             if '"stall_injected"' in line:
                 break

@@ -31,8 +31,9 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def commit(final: Path, buffers: list[memoryview],
-           before_replace: Callable[[Path], None] | None = None) -> int:
+def commit(
+    final: Path, buffers: list[memoryview], before_replace: Callable[[Path], None] | None = None
+) -> int:
     """Durably write ``buffers`` as ``final``; returns the bytes written.
 
     ``before_replace`` runs after the pending file is durable and before it is

@@ -56,8 +56,15 @@ class IncompatibleCheckpoint(CheckpointError):
 
     code = "checkpoint.incompatible"
 
-    def __init__(self, path: str, field: str, saved: Any, requested: Any,
-                 message: str | None = None, **evidence: Any) -> None:
+    def __init__(
+        self,
+        path: str,
+        field: str,
+        saved: Any,
+        requested: Any,
+        message: str | None = None,
+        **evidence: Any,
+    ) -> None:
         text = message or f"{field} differs: saved {saved!r}, requested {requested!r}"
         super().__init__(path, text, field=field, saved=saved, requested=requested, **evidence)
         self.field = field

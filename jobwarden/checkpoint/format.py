@@ -207,8 +207,9 @@ def _checksum(manifest_text: bytes, payload: list[memoryview]) -> str:
 
 
 def _header(manifest: Manifest, checksum: str) -> bytes:
-    table: dict[str, Any] = {"__metadata__": {"jobwarden": manifest.to_json(),
-                                              "checksum": checksum}}
+    table: dict[str, Any] = {
+        "__metadata__": {"jobwarden": manifest.to_json(), "checksum": checksum}
+    }
     offset = 0
     for leaf in manifest.leaves:
         table[leaf.path] = {
@@ -224,7 +225,7 @@ def _header(manifest: Manifest, checksum: str) -> bytes:
 
 def encode(manifest: Manifest, leaves: Leaves) -> list[memoryview]:
     """The file's bytes as a list of buffers (header, then each leaf without copying)."""
-    payload = [memoryview(little_endian(array).reshape(-1).view(np.uint8)) for _, array in leaves]
+    payload = [little_endian(array).reshape(-1).view(np.uint8).data for _, array in leaves]
     checksum = _checksum(manifest.to_json().encode(), payload)
     return [memoryview(_header(manifest, checksum)), *payload]
 
@@ -264,11 +265,16 @@ def read(path: Path) -> Checkpoint:
         expected = sum(leaf.nbytes for leaf in manifest.leaves)
         available = size - 8 - header_len
         if available < expected:
-            raise TruncatedCheckpoint(name, f"data region has {available} bytes, manifest needs "
-                                      f"{expected}", size=size, expected_bytes=8 + header_len
-                                      + expected)
+            raise TruncatedCheckpoint(
+                name,
+                f"data region has {available} bytes, manifest needs {expected}",
+                size=size,
+                expected_bytes=8 + header_len + expected,
+            )
         if available > expected:
-            raise UnreadableCheckpoint(name, f"{available - expected} unexpected bytes after the data")
+            raise UnreadableCheckpoint(
+                name, f"{available - expected} unexpected bytes after the data"
+            )
         data = bytearray(expected)
         view = memoryview(data)
         os.lseek(fd, 8 + header_len, os.SEEK_SET)
@@ -278,18 +284,24 @@ def read(path: Path) -> Checkpoint:
         os.close(fd)
     found = _checksum(manifest_text.encode(), [view])
     if found != stored_checksum:
-        raise ChecksumMismatch(name, f"checksum mismatch: stored {stored_checksum}, "
-                               f"recomputed {found}", stored=stored_checksum, found=found)
+        raise ChecksumMismatch(
+            name,
+            f"checksum mismatch: stored {stored_checksum}, recomputed {found}",
+            stored=stored_checksum,
+            found=found,
+        )
     arrays: dict[str, np.ndarray] = {}
     offset = 0
     for leaf in manifest.leaves:
         dtype = NUMPY_DTYPES[leaf.dtype]
         count = leaf.nbytes // dtype.itemsize
-        arrays[leaf.path] = np.frombuffer(data, dtype=dtype, count=count,
-                                          offset=offset).reshape(leaf.shape)
+        arrays[leaf.path] = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(
+            leaf.shape
+        )
         offset += leaf.nbytes
-    return Checkpoint(path=path, manifest=manifest, arrays=arrays, checksum=stored_checksum,
-                      size=size)
+    return Checkpoint(
+        path=path, manifest=manifest, arrays=arrays, checksum=stored_checksum, size=size
+    )
 
 
 def _open(name: str) -> int:
@@ -302,15 +314,19 @@ def _open(name: str) -> int:
 def _read_header(fd: int, name: str) -> tuple[int, int, str, str, Manifest]:
     size = os.fstat(fd).st_size
     if size < 8:
-        raise TruncatedCheckpoint(name, f"file has {size} bytes, fewer than the 8-byte prefix",
-                                  size=size)
+        raise TruncatedCheckpoint(
+            name, f"file has {size} bytes, fewer than the 8-byte prefix", size=size
+        )
     (header_len,) = struct.unpack("<Q", os.pread(fd, 8, 0))
     if header_len > MAX_HEADER_BYTES:
-        raise UnreadableCheckpoint(name, f"header length {header_len} exceeds "
-                                   f"{MAX_HEADER_BYTES}; not a jobwarden checkpoint")
+        raise UnreadableCheckpoint(
+            name,
+            f"header length {header_len} exceeds {MAX_HEADER_BYTES}; not a jobwarden checkpoint",
+        )
     if 8 + header_len > size:
-        raise TruncatedCheckpoint(name, f"header needs {8 + header_len} bytes, file has {size}",
-                                  size=size)
+        raise TruncatedCheckpoint(
+            name, f"header needs {8 + header_len} bytes, file has {size}", size=size
+        )
     header_bytes = os.pread(fd, header_len, 8)
     try:
         header = json.loads(header_bytes)
@@ -341,9 +357,13 @@ def _check_table(name: str, header: dict[str, Any], manifest: Manifest) -> None:
     offset = 0
     for leaf in manifest.leaves:
         entry = header[leaf.path]
-        wanted = {"dtype": SAFETENSORS_DTYPES[leaf.dtype], "shape": list(leaf.shape),
-                  "data_offsets": [offset, offset + leaf.nbytes]}
+        wanted = {
+            "dtype": SAFETENSORS_DTYPES[leaf.dtype],
+            "shape": list(leaf.shape),
+            "data_offsets": [offset, offset + leaf.nbytes],
+        }
         if entry != wanted:
-            raise UnreadableCheckpoint(name, f"tensor table entry for {leaf.path} is {entry}, "
-                                       f"manifest implies {wanted}")
+            raise UnreadableCheckpoint(
+                name, f"tensor table entry for {leaf.path} is {entry}, manifest implies {wanted}"
+            )
         offset += leaf.nbytes

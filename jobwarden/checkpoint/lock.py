@@ -46,7 +46,8 @@ class WriterLock:
             os.close(fd)
             raise WriterLockedError(
                 f"checkpoint directory {self.directory} is held by writer pid {holder or '?'}",
-                directory=str(self.directory), holder_pid=int(holder) if holder.isdigit() else None,
+                directory=str(self.directory),
+                holder_pid=int(holder) if holder.isdigit() else None,
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -65,8 +66,12 @@ class WriterLock:
     def __enter__(self) -> WriterLock:
         return self.acquire()
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 trace: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
         self.release()
 
 

@@ -43,8 +43,12 @@ class Skipped:
 
     def as_record(self) -> dict[str, str]:
         """JSON-ready form for the ``restored`` event."""
-        return {"file": self.file, "code": self.code, "message": self.message,
-                "quarantined_to": self.quarantined_to}
+        return {
+            "file": self.file,
+            "code": self.code,
+            "message": self.message,
+            "quarantined_to": self.quarantined_to,
+        }
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,19 @@ class CheckpointStore:
 
     def pending(self) -> list[Path]:
         """Leftover pending files of commits that never finished."""
-        return sorted(Path(e.path) for e in os.scandir(self.directory)
-                      if e.name.endswith(atomic.PENDING_SUFFIX))
+        return sorted(
+            Path(e.path)
+            for e in os.scandir(self.directory)
+            if e.name.endswith(atomic.PENDING_SUFFIX)
+        )
 
-    def commit(self, step: int, manifest: format.Manifest, leaves: Leaves,
-               before_replace: Callable[[Path], None] | None = None) -> tuple[Path, int]:
+    def commit(
+        self,
+        step: int,
+        manifest: format.Manifest,
+        leaves: Leaves,
+        before_replace: Callable[[Path], None] | None = None,
+    ) -> tuple[Path, int]:
         """Durably commit the state at ``step``; returns its path and size."""
         final = self.directory / file_name(step)
         written = atomic.commit(final, format.encode(manifest, leaves), before_replace)
@@ -103,8 +115,10 @@ class CheckpointStore:
             suffix += 1
         os.rename(path, target)
         record = {"original": str(path), "quarantined": time.time(), **reason}
-        atomic.write_text_atomic(target.with_name(target.name + ".reason.json"),
-                                 json.dumps(record, indent=2, default=str) + "\n")
+        atomic.write_text_atomic(
+            target.with_name(target.name + ".reason.json"),
+            json.dumps(record, indent=2, default=str) + "\n",
+        )
         atomic.fsync_dir(self.directory)
         return target
 
@@ -118,8 +132,10 @@ class CheckpointStore:
         """
         skipped: list[Skipped] = []
         for path in self.pending():
-            reason = {"code": "checkpoint.pending",
-                      "message": "pending file of a commit that never finished; never selected"}
+            reason = {
+                "code": "checkpoint.pending",
+                "message": "pending file of a commit that never finished; never selected",
+            }
             target = self.quarantine(path, reason)
             skipped.append(Skipped(path.name, reason["code"], reason["message"], str(target)))
         for step, path in reversed(self.committed()):
@@ -132,7 +148,10 @@ class CheckpointStore:
             checks = validate(checkpoint, expected, step)
             return Selection(checkpoint, checks, tuple(skipped))
         if any(s.code != "checkpoint.pending" for s in skipped):
-            raise NoUsableCheckpoint(str(self.directory), "every committed checkpoint was damaged "
-                                     "and quarantined; refusing to start over silently",
-                                     skipped=[s.as_record() for s in skipped])
+            raise NoUsableCheckpoint(
+                str(self.directory),
+                "every committed checkpoint was damaged "
+                "and quarantined; refusing to start over silently",
+                skipped=[s.as_record() for s in skipped],
+            )
         return Selection(None, (), tuple(skipped))

@@ -39,12 +39,11 @@ class Run:
 
     def progress(self) -> dict[int, Event]:
         """Every progress event by step (a later attempt's replaces an earlier one's)."""
-        return {e["step"]: e for attempt in self.attempts for e in attempt
-                if e.kind == "progress"}
+        return {e["step"]: e for attempt in self.attempts for e in attempt if e.kind == "progress"}
 
     def boundary(self) -> dict[int, Event]:
         """Events that carry the state at a step: progress, plus ready for the start state."""
-        found = {}
+        found: dict[int, Event] = {}
         for attempt in self.attempts:
             for event in attempt:
                 if event.kind in ("ready", "progress") and event.get("state_hash"):
@@ -60,7 +59,7 @@ class Run:
         """The checkpoint file this run committed at ``step``, if it still exists."""
         for attempt in reversed(self.attempts):
             for event in attempt:
-                if event.kind == "checkpoint" and event["step"] == step:
+                if event.kind in ("checkpoint", "restored") and event["step"] == step:
                     path = Path(event["file"])
                     if path.is_file():
                         return path
@@ -73,8 +72,10 @@ def _event_files(path: Path) -> list[Path]:
     if not path.is_dir():
         raise VerifyInputError(f"{path}: no such file or folder")
     files = list(path.rglob("events.jsonl")) + list(path.glob("*.jsonl"))
+
     def order(p: Path) -> list[Any]:
         return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(p.relative_to(path)))]
+
     unique = sorted(set(files), key=order)
     if not unique:
         raise VerifyInputError(f"{path}: holds no events.jsonl")
@@ -130,11 +131,14 @@ class Report:
         return {
             "verdict": "proven" if self.proven else "not proven",
             "proven": self.proven,
-            "reference": self.reference, "candidate": self.candidate,
-            "restored_steps": self.restored_steps, "replayed_steps": self.replayed_steps,
+            "reference": self.reference,
+            "candidate": self.candidate,
+            "restored_steps": self.restored_steps,
+            "replayed_steps": self.replayed_steps,
             "first_divergence": self.first_divergence,
-            "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail, **c.observed}
-                       for c in self.checks],
+            "checks": [
+                {"name": c.name, "ok": c.ok, "detail": c.detail, **c.observed} for c in self.checks
+            ],
         }
 
 
@@ -156,8 +160,9 @@ def differing_leaves(a: Path, b: Path) -> list[dict[str, Any]]:
             diff = np.flatnonzero(x.reshape(-1).view(np.uint8) != y.reshape(-1).view(np.uint8))
             item: dict[str, Any] = {"leaf": path, "first_byte": int(diff[0])}
             if np.issubdtype(x.dtype, np.number):
-                item["max_abs_diff"] = float(np.max(np.abs(x.astype(np.float64)
-                                                           - y.astype(np.float64))))
+                item["max_abs_diff"] = float(
+                    np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))
+                )
             found.append(item)
     return found
 
@@ -184,9 +189,11 @@ def verify(reference: Run, candidate: Run) -> Report:
     def diverged(step: int, ours: Event, theirs: Event) -> None:
         nonlocal divergence
         if divergence is None:
-            divergence = {"step": step,
-                          "components": differing_components(theirs, ours),
-                          "leaves": _leaf_evidence(reference, candidate, step)}
+            divergence = {
+                "step": step,
+                "components": differing_components(theirs, ours),
+                "leaves": _leaf_evidence(reference, candidate, step),
+            }
 
     for number, attempt in enumerate(candidate.attempts, 1):
         progress = [e for e in attempt if e.kind == "progress"]
@@ -199,26 +206,46 @@ def verify(reference: Run, candidate: Run) -> Report:
             restored_steps.append(restored["step"])
             theirs = ref_states.get(start)
             if theirs is None:
-                checks.append(Check(f"attempt {number}: restored state", False,
-                                    f"the reference has no state hash at step {start}"))
+                checks.append(
+                    Check(
+                        f"attempt {number}: restored state",
+                        False,
+                        f"the reference has no state hash at step {start}",
+                    )
+                )
             else:
                 same = theirs["state_hash"] == ready["state_hash"]
                 differ = differing_components(theirs, ready)
                 if not same and boundary is None:
-                    boundary = {"step": start, "components": differ,
-                                "leaves": _leaf_evidence(reference, candidate, start)}
-                checks.append(Check(
-                    f"attempt {number}: restored state", same,
-                    f"state restored at step {start} "
-                    + ("equals the reference's" if same else "differs from the reference's in "
-                       + ", ".join(differ)),
-                    {"step": start, "components_differing": differ}))
+                    boundary = {
+                        "step": start,
+                        "components": differ,
+                        "leaves": _leaf_evidence(reference, candidate, start),
+                    }
+                checks.append(
+                    Check(
+                        f"attempt {number}: restored state",
+                        same,
+                        f"state restored at step {start} "
+                        + (
+                            "equals the reference's"
+                            if same
+                            else "differs from the reference's in " + ", ".join(differ)
+                        ),
+                        {"step": start, "components_differing": differ},
+                    )
+                )
         steps = [e["step"] for e in progress]
         contiguous = steps == list(range(start + 1, start + 1 + len(steps)))
-        checks.append(Check(f"attempt {number}: continuation", contiguous,
-                            f"first update {steps[0]} after start step {start}; updates "
-                            f"{'are' if contiguous else 'are not'} contiguous",
-                            {"start_step": start, "first_step": steps[0], "last_step": steps[-1]}))
+        checks.append(
+            Check(
+                f"attempt {number}: continuation",
+                contiguous,
+                f"first update {steps[0]} after start step {start}; updates "
+                f"{'are' if contiguous else 'are not'} contiguous",
+                {"start_step": start, "first_step": steps[0], "last_step": steps[-1]},
+            )
+        )
         if restored is not None:
             replayed.extend(steps)
         compared, mismatched, missing = 0, [], []
@@ -232,32 +259,57 @@ def verify(reference: Run, candidate: Run) -> Report:
                 mismatched.append(event["step"])
                 diverged(event["step"], event, theirs)
         ok = not mismatched and not missing
-        detail = (f"{compared} update(s) compared, all state hashes equal" if ok else
-                  f"mismatch at {mismatched}" if mismatched else
-                  f"reference lacks state hashes for steps {missing}")
-        checks.append(Check(f"attempt {number}: state hashes", ok, detail,
-                            {"compared": compared, "mismatched": mismatched,
-                             "uncompared": missing}))
+        detail = (
+            f"{compared} update(s) compared, all state hashes equal"
+            if ok
+            else f"mismatch at {mismatched}"
+            if mismatched
+            else f"reference lacks state hashes for steps {missing}"
+        )
+        checks.append(
+            Check(
+                f"attempt {number}: state hashes",
+                ok,
+                detail,
+                {"compared": compared, "mismatched": mismatched, "uncompared": missing},
+            )
+        )
 
     if not any(c.name.endswith("state hashes") for c in checks):
         checks.append(Check("candidate updates", False, "the candidate has no progress events"))
     ref_done, cand_done = reference.completed(), candidate.completed()
     if ref_done is None or cand_done is None:
-        checks.append(Check("final state", False,
-                            f"{'reference' if ref_done is None else 'candidate'} did not complete"))
+        checks.append(
+            Check(
+                "final state",
+                False,
+                f"{'reference' if ref_done is None else 'candidate'} did not complete",
+            )
+        )
     else:
-        same = (ref_done["step"], ref_done["state_hash"]) == (cand_done["step"],
-                                                              cand_done["state_hash"])
-        observed: dict[str, Any] = {"reference_step": ref_done["step"],
-                                    "candidate_step": cand_done["step"]}
+        same = (ref_done["step"], ref_done["state_hash"]) == (
+            cand_done["step"],
+            cand_done["state_hash"],
+        )
+        observed: dict[str, Any] = {
+            "reference_step": ref_done["step"],
+            "candidate_step": cand_done["step"],
+        }
         leaves = _leaf_evidence(reference, candidate, cand_done["step"])
         if leaves is not None:
             observed["checkpoint_leaves_differing"] = leaves
             same = same and not leaves
-        checks.append(Check("final state", same,
-                            "final states are equal" + (" (checkpoint files compared leaf by "
-                                                        "leaf)" if leaves is not None else "")
-                            if same else "final states differ", observed))
+        checks.append(
+            Check(
+                "final state",
+                same,
+                "final states are equal"
+                + (" (checkpoint files compared leaf by leaf)" if leaves is not None else "")
+                if same
+                else "final states differ",
+                observed,
+            )
+        )
     if divergence is not None:
         divergence["restored_state"] = boundary
     return Report(reference.source, candidate.source, checks, restored_steps, replayed, divergence)
@@ -265,19 +317,26 @@ def verify(reference: Run, candidate: Run) -> Report:
 
 def render(report: Report) -> str:
     """The report as text for a terminal."""
-    lines = [f"verdict: {'PROVEN' if report.proven else 'NOT PROVEN'}",
-             f"reference: {report.reference}", f"candidate: {report.candidate}",
-             f"restored at step(s): {report.restored_steps or 'none'}; replayed updates: "
-             f"{report.replayed_steps}"]
+    lines = [
+        f"verdict: {'PROVEN' if report.proven else 'NOT PROVEN'}",
+        f"reference: {report.reference}",
+        f"candidate: {report.candidate}",
+        f"restored at step(s): {report.restored_steps or 'none'}; replayed updates: "
+        f"{report.replayed_steps}",
+    ]
     lines += [f"  [{'ok' if c.ok else 'FAIL'}] {c.name}: {c.detail}" for c in report.checks]
     if report.first_divergence:
         d = report.first_divergence
-        lines.append(f"first diverging update: step {d['step']}, components differing: "
-                     f"{', '.join(d['components']) or 'none recorded'}")
+        lines.append(
+            f"first diverging update: step {d['step']}, components differing: "
+            f"{', '.join(d['components']) or 'none recorded'}"
+        )
         lines += [f"  leaf {leaf}" for leaf in d.get("leaves") or []]
         if d.get("restored_state"):
             b = d["restored_state"]
-            lines.append(f"the restored state at step {b['step']} already differed in: "
-                         f"{', '.join(b['components'])}")
+            lines.append(
+                f"the restored state at step {b['step']} already differed in: "
+                f"{', '.join(b['components'])}"
+            )
             lines += [f"  leaf {leaf}" for leaf in b.get("leaves") or []]
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Task registry: the built-in tasks plus those registered under the ``jobwarden.tasks`` entry point."""
+"""Task registry: the built-in tasks plus those registered as ``jobwarden.tasks`` entry points."""
 
 from __future__ import annotations
 

@@ -45,8 +45,11 @@ class LinReg(Task):
         import jax
         import jax.numpy as jnp
 
-        return {"params": jnp.zeros(2), "opt_state": {"velocity": jnp.zeros(2)},
-                "key": jax.random.PRNGKey(self.train.seed)}
+        return {
+            "params": jnp.zeros(2),
+            "opt_state": {"velocity": jnp.zeros(2)},
+            "key": jax.random.PRNGKey(self.train.seed),
+        }
 
     def update(self, data: dict[str, Any]) -> Update:
         """One momentum step on a batch drawn without replacement."""

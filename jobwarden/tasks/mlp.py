@@ -8,6 +8,7 @@ checkpoint is a nested pytree of a chosen size: roughly
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, ClassVar, Literal
 
@@ -72,7 +73,7 @@ class MLP(Task):
         key = jax.random.PRNGKey(self.train.seed)
         init_key = jax.random.fold_in(key, 0x1417)
         params = {}
-        for index, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        for index, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
             init_key, sub = jax.random.split(init_key)
             scale = 1.0 / math.sqrt(fan_in)
             params[f"layer{index:02d}"] = {

@@ -8,6 +8,7 @@ set here, before JAX is imported.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -24,20 +25,26 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, pin the runtime, run the attempt, return its exit status."""
     parser = argparse.ArgumentParser(prog="python -m jobwarden.worker", description=__doc__)
     parser.add_argument("--job", type=Path, required=True, help="the job file (TOML or JSON)")
-    parser.add_argument("--checkpoint-dir", type=Path, required=True,
-                        help="the checkpoint directory this attempt writes (and resumes from)")
-    parser.add_argument("--compile-cache", type=Path, default=os.environ.get(CACHE_ENV),
-                        help=f"a private JAX compilation cache directory (or ${CACHE_ENV})")
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        required=True,
+        help="the checkpoint directory this attempt writes (and resumes from)",
+    )
+    parser.add_argument(
+        "--compile-cache",
+        type=Path,
+        default=os.environ.get(CACHE_ENV),
+        help=f"a private JAX compilation cache directory (or ${CACHE_ENV})",
+    )
     args = parser.parse_args(argv)
     emitter = Emitter(sys.stdout)
     try:
         job = load_job(args.job)
     except JobwardenError as error:
         sys.stderr.write(f"jobwarden worker: {error.message}\n")
-        try:
+        with contextlib.suppress(SupervisorGone):
             emitter.emit("failed", exit_status=error.exit_status, **error.as_record())
-        except SupervisorGone:
-            pass
         return error.exit_status
     pin_environment()
     from jobwarden.worker.loop import run_attempt

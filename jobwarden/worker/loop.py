@@ -8,6 +8,7 @@ broken stdout means the supervisor is gone and is treated the same way.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
@@ -72,23 +73,36 @@ class Attempt:
         leaves = state_tree.flatten(state)
         digest, components = state_hash(leaves, step)
         manifest = Manifest(
-            task=self.job.task, job_id=self.job.id, step=step,
-            key_impl=self.job.task_instance().key_impl, leaves=leaf_specs(leaves),
+            task=self.job.task,
+            job_id=self.job.id,
+            step=step,
+            key_impl=self.job.task_instance().key_impl,
+            leaves=leaf_specs(leaves),
             train=self.expected.train,
-            provenance=Provenance(config_hash=self.expected.config_hash,
-                                  data_hash=self.expected.data_hash,
-                                  source_hash=self.expected.source_hash,
-                                  runtime=self.expected.runtime,
-                                  writer_generation=self.expected.generation),
-            state_hash=digest, components=components, created=time.time(),
+            provenance=Provenance(
+                config_hash=self.expected.config_hash,
+                data_hash=self.expected.data_hash,
+                source_hash=self.expected.source_hash,
+                runtime=self.expected.runtime,
+                writer_generation=self.expected.generation,
+            ),
+            state_hash=digest,
+            components=components,
+            created=time.time(),
         )
         began = time.perf_counter()
         path, size = self.store.commit(step, manifest, leaves, self.faults.commit_hook(step))
         seconds = time.perf_counter() - began
         self.store.retain(self.job.run.keep_checkpoints)
         if report:
-            self.emitter.emit("checkpoint", step=step, file=str(path), bytes=size,
-                              seconds=seconds, state_hash=digest)
+            self.emitter.emit(
+                "checkpoint",
+                step=step,
+                file=str(path),
+                bytes=size,
+                seconds=seconds,
+                state_hash=digest,
+            )
         return path
 
 
@@ -100,18 +114,21 @@ def source_files(job: Job) -> list[Path]:
 def expected_for(job: Job, data: dict[str, Any], template: State, generation: int) -> Expected:
     """What a checkpoint must match to be restored by this attempt."""
     return Expected(
-        task=job.task, train=job.train_fields(),
+        task=job.task,
+        train=job.train_fields(),
         config_hash=config_hash(job.task, job.train_fields()),
         data_hash=leaves_digest(state_tree.flatten(data)),
         source_hash=files_digest(source_files(job)),
         runtime=runtime_identity(),
         leaves=leaf_specs(state_tree.flatten(template)),
-        max_step=job.run.steps, generation=generation,
+        max_step=job.run.steps,
+        generation=generation,
     )
 
 
-def run_attempt(job: Job, directory: Path, emitter: Emitter,
-                compile_cache: Path | None = None) -> int:
+def run_attempt(
+    job: Job, directory: Path, emitter: Emitter, compile_cache: Path | None = None
+) -> int:
     """Run one attempt; returns the process exit status."""
     preemption = Preemption()
     preemption.install()
@@ -125,27 +142,36 @@ def run_attempt(job: Job, directory: Path, emitter: Emitter,
     except Exception as error:  # noqa: BLE001 - reported as worker.internal with its traceback
         trace = traceback.format_exc()
         sys.stderr.write(trace)
-        internal = WorkerInternalError(f"{type(error).__name__}: {error}",
-                                       exception=type(error).__name__, traceback=trace[-2000:])
+        internal = WorkerInternalError(
+            f"{type(error).__name__}: {error}",
+            exception=type(error).__name__,
+            traceback=trace[-2000:],
+        )
         return _report_failure(emitter, internal)
 
 
 def _report_failure(emitter: Emitter, error: JobwardenError) -> int:
     sys.stderr.write(f"jobwarden worker: {error.code}: {error.message}\n")
-    try:
+    with contextlib.suppress(SupervisorGone):
         emitter.emit("failed", exit_status=error.exit_status, **error.as_record())
-    except SupervisorGone:
-        pass
     return error.exit_status
 
 
-def _run(job: Job, directory: Path, emitter: Emitter, compile_cache: Path | None,
-         preemption: Preemption) -> int:
+def _run(
+    job: Job, directory: Path, emitter: Emitter, compile_cache: Path | None, preemption: Preemption
+) -> int:
     if compile_cache is not None:
         enable_compilation_cache(compile_cache)
-    emitter.emit("started", pid=os.getpid(), backend=jax.default_backend(),
-                 devices=[str(d) for d in jax.devices()], runtime=runtime_identity(),
-                 job=job.id, task=job.task, checkpoint_dir=str(directory))
+    emitter.emit(
+        "started",
+        pid=os.getpid(),
+        backend=jax.default_backend(),
+        devices=[str(d) for d in jax.devices()],
+        runtime=runtime_identity(),
+        job=job.id,
+        task=job.task,
+        checkpoint_dir=str(directory),
+    )
     lock = WriterLock(directory).acquire()
     task = job.task_instance()
     data = task.data()
@@ -156,32 +182,48 @@ def _run(job: Job, directory: Path, emitter: Emitter, compile_cache: Path | None
 
     policy = job.run.resume
     if policy == "never" and store.committed():
-        raise ResumePolicyError(f"resume = 'never' but {directory} already holds "
-                                f"{len(store.committed())} checkpoint(s)", directory=str(directory))
+        raise ResumePolicyError(
+            f"resume = 'never' but {directory} already holds "
+            f"{len(store.committed())} checkpoint(s)",
+            directory=str(directory),
+        )
     selection = store.select(expected)
     skipped = [s.as_record() for s in selection.skipped]
     if selection.checkpoint is None:
         if policy == "require":
-            raise ResumePolicyError(f"resume = 'require' but {directory} holds no checkpoint",
-                                    directory=str(directory))
+            raise ResumePolicyError(
+                f"resume = 'require' but {directory} holds no checkpoint", directory=str(directory)
+            )
         state, step = template, 0
     else:
         restored = selection.checkpoint
         state = state_tree.unflatten_like(template, restored.arrays)
         step = restored.manifest.step
-        emitter.emit("restored", step=step, file=str(restored.path),
-                     state_hash=restored.manifest.state_hash,
-                     components=dict(restored.manifest.components), checks=list(selection.checks),
-                     skipped=skipped, checksum=restored.checksum,
-                     writer_generation=restored.manifest.provenance.writer_generation)
+        emitter.emit(
+            "restored",
+            step=step,
+            file=str(restored.path),
+            state_hash=restored.manifest.state_hash,
+            components=dict(restored.manifest.components),
+            checks=list(selection.checks),
+            skipped=skipped,
+            checksum=restored.checksum,
+            writer_generation=restored.manifest.provenance.writer_generation,
+        )
 
     update = jax.jit(task.update(data))
     began = time.perf_counter()
-    jax.block_until_ready(update(state))
+    jax.block_until_ready(update(state))  # type: ignore[no-untyped-call]
     start_hash, start_components = state_hash(state_tree.flatten(state), step)
-    emitter.emit("ready", step=step, warmup_s=time.perf_counter() - began,
-                 state_hash=start_hash, components=start_components,
-                 generation=lock.generation, quarantined=skipped)
+    emitter.emit(
+        "ready",
+        step=step,
+        warmup_s=time.perf_counter() - began,
+        state_hash=start_hash,
+        components=start_components,
+        generation=lock.generation,
+        quarantined=skipped,
+    )
 
     committed_step = step if selection.checkpoint is not None else -1
     steps, every = job.run.steps, job.run.checkpoint_every
@@ -190,15 +232,21 @@ def _run(job: Job, directory: Path, emitter: Emitter, compile_cache: Path | None
             attempt.faults.before_update(step)
             began = time.perf_counter()
             state, loss = update(state)
-            jax.block_until_ready((state, loss))
+            jax.block_until_ready((state, loss))  # type: ignore[no-untyped-call]
             elapsed = time.perf_counter() - began
             step += 1
             fields: dict[str, Any] = {"state_hash": None}
             if step % job.run.hash_every == 0 or step == steps:
                 digest, components = state_hash(state_tree.flatten(state), step)
                 fields = {"state_hash": digest, "components": components}
-            emitter.emit("progress", step=step, loss=float(loss),
-                         examples=task.examples_per_update(), update_s=elapsed, **fields)
+            emitter.emit(
+                "progress",
+                step=step,
+                loss=float(loss),
+                examples=task.examples_per_update(),
+                update_s=elapsed,
+                **fields,
+            )
             if step % every == 0 or step == steps:
                 attempt.commit(step, state)
                 committed_step = step
@@ -216,6 +264,11 @@ def _run(job: Job, directory: Path, emitter: Emitter, compile_cache: Path | None
         return PreemptedExit.exit_status
 
     digest, components = state_hash(state_tree.flatten(state), step)
-    emitter.emit("completed", step=step, state_hash=digest, components=components,
-                 file=str(store.committed()[-1][1]) if store.committed() else "")
+    emitter.emit(
+        "completed",
+        step=step,
+        state_hash=digest,
+        components=components,
+        file=str(store.committed()[-1][1]) if store.committed() else "",
+    )
     return 0

@@ -16,8 +16,13 @@ from pathlib import Path
 from jobwarden.errors import UnsafeCacheError
 
 PINNED_XLA_FLAGS = ("--xla_cpu_multi_thread_eigen=false", "intra_op_parallelism_threads=1")
-PINNED_ENV = {"JAX_PLATFORMS": "cpu", "JAX_ENABLE_X64": "0", "OMP_NUM_THREADS": "1",
-              "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+PINNED_ENV = {
+    "JAX_PLATFORMS": "cpu",
+    "JAX_ENABLE_X64": "0",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 
 
 def pin_environment(environ: dict[str, str] | None = None) -> str:
@@ -39,21 +44,28 @@ def pin_environment(environ: dict[str, str] | None = None) -> str:
 
 def runtime_identity() -> dict[str, str]:
     """Versions and settings that decide the bits of a replay."""
+    from importlib.metadata import version
+
     import jax
-    import jaxlib
-    import numpy
 
     return {
         "python": platform.python_version(),
         "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
-        "numpy": numpy.__version__,
+        "jaxlib": version("jaxlib"),
+        "numpy": version("numpy"),
         "backend": jax.default_backend(),
         "machine": platform.machine(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "x64": str(bool(jax.config.jax_enable_x64)).lower(),
-        "prng_impl": str(jax.config.jax_default_prng_impl),
+        "x64": str(_jax_setting("jax_enable_x64")).lower(),
+        "prng_impl": str(_jax_setting("jax_default_prng_impl")),
     }
+
+
+def _jax_setting(name: str) -> object:
+    """A JAX setting by name (its typed accessors are not all exported)."""
+    import jax
+
+    return getattr(jax.config, name)
 
 
 def check_private_directory(path: Path) -> Path:
@@ -67,12 +79,17 @@ def check_private_directory(path: Path) -> Path:
     if not stat.S_ISDIR(info.st_mode):
         raise UnsafeCacheError(f"compilation cache {path} is not a directory", path=str(path))
     if info.st_uid != os.getuid():
-        raise UnsafeCacheError(f"compilation cache {path} is owned by uid {info.st_uid}, "
-                               f"not {os.getuid()}", path=str(path), owner=info.st_uid)
+        raise UnsafeCacheError(
+            f"compilation cache {path} is owned by uid {info.st_uid}, not {os.getuid()}",
+            path=str(path),
+            owner=info.st_uid,
+        )
     if info.st_mode & 0o077:
-        raise UnsafeCacheError(f"compilation cache {path} has mode "
-                               f"{stat.S_IMODE(info.st_mode):04o}; expected 0700",
-                               path=str(path), mode=f"{stat.S_IMODE(info.st_mode):04o}")
+        raise UnsafeCacheError(
+            f"compilation cache {path} has mode {stat.S_IMODE(info.st_mode):04o}; expected 0700",
+            path=str(path),
+            mode=f"{stat.S_IMODE(info.st_mode):04o}",
+        )
     return path
 
 
@@ -81,6 +98,10 @@ def enable_compilation_cache(path: Path) -> None:
     import jax
 
     check_private_directory(path)
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    settings = {
+        "jax_compilation_cache_dir": str(path),
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+    }
+    for name, value in settings.items():
+        jax.config.update(name, value)  # type: ignore[no-untyped-call]

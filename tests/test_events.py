@@ -1,0 +1,59 @@
+"""Event lines: valid ones parse into typed events, anything else is kept as evidence."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from jobwarden.events import Emitter, Event, Malformed, SupervisorGone, parse_line
+
+
+def test_emitted_events_parse_back() -> None:
+    """An event written by the emitter carries the schema version and parses."""
+    stream = io.StringIO()
+    Emitter(stream).emit("checkpoint", step=2, file="f", bytes=10, seconds=0.1, state_hash="h")
+    parsed = parse_line(stream.getvalue())
+    assert isinstance(parsed, Event)
+    assert (parsed.kind, parsed["step"], parsed["v"]) == ("checkpoint", 2, 1)
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ("not json", "not JSON"),
+        ("[1, 2]", "not a JSON object"),
+        ('{"event": "progress", "step": 1}', "schema version"),
+        ('{"v": 1, "event": "teleported"}', "unknown event kind"),
+        ('{"v": 1, "event": "completed", "step": "8", "state_hash": "h"}', "completed.step"),
+        ('{"v": 1, "event": "completed", "step": true, "state_hash": "h"}', "completed.step"),
+        ("\udcff{", "not JSON"),
+    ],
+)
+def test_malformed_lines_are_kept_with_a_reason(line: str, reason: str) -> None:
+    """Each kind of bad line yields a Malformed naming what was wrong, never an exception."""
+    parsed = parse_line(line, 7)
+    assert isinstance(parsed, Malformed)
+    assert reason in parsed.reason
+    assert (parsed.line, parsed.lineno) == (line, 7)
+
+
+def test_non_finite_values_are_written_as_text() -> None:
+    """A NaN loss is emitted as valid JSON, not as a bare NaN token."""
+    stream = io.StringIO()
+    Emitter(stream).emit(
+        "progress", step=1, loss=float("nan"), examples=8, update_s=0.0, state_hash=None
+    )
+    assert json.loads(stream.getvalue())["loss"] == "nan"
+
+
+def test_a_broken_stream_raises_supervisor_gone() -> None:
+    """Writing to a closed pipe is reported as the supervisor being gone."""
+    stream = io.StringIO()
+    stream.close()
+    emitter = Emitter(stream)
+    with pytest.raises(SupervisorGone):
+        emitter.emit("preempted", step=1, reason="x")
+    with pytest.raises(SupervisorGone):
+        emitter.emit("preempted", step=1, reason="x")
