@@ -148,3 +148,17 @@ def test_every_error_code_has_a_distinct_exit_status() -> None:
     }
     assert len(set(table.values())) == len(table)
     assert table["worker.preempted"] == 75
+
+
+def test_worker_doc_lists_every_error_code_with_its_status() -> None:
+    """docs/worker.md documents each error code beside its exit status."""
+    text = (Path(__file__).parent.parent / "docs" / "worker.md").read_text()
+    for code, status in exit_status_table().items():
+        if code in (
+            "jobwarden.error",
+            "checkpoint.error",
+            "checkpoint.corrupt",
+            "checkpoint.incompatible",
+        ):
+            continue
+        assert f"| {status} | `{code}` |" in text, code
