@@ -7,6 +7,7 @@ operational and never hashed, so a compatible retry may change them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import tomllib
@@ -53,6 +54,7 @@ class FaultSection(_Section):
     stall_at: int | None = Field(None, ge=0)
     stall_seconds: float = Field(10.0, gt=0, le=86400)
     step_delay_s: float = Field(0.0, ge=0, le=60)
+    every_attempt: bool = False
 
     def active(self) -> bool:
         """Whether any fault is set."""
@@ -62,6 +64,17 @@ class FaultSection(_Section):
         )
 
 
+class SupervisionSection(_Section):
+    """How the daemon watches and restarts the job."""
+
+    startup_timeout_s: float = Field(60.0, gt=0, le=86400)
+    stall_timeout_s: float = Field(5.0, gt=0, le=86400)
+    max_restarts: int = Field(3, ge=0, le=1000)
+    restart_backoff_s: float = Field(0.5, ge=0, le=3600)
+    max_rss_mb: int = Field(4096, ge=1)
+    stop_grace_s: float = Field(30.0, gt=0, le=3600)
+
+
 class _Document(_Section):
     id: str
     task: str
@@ -69,6 +82,7 @@ class _Document(_Section):
     train: dict[str, Any] = Field(default_factory=dict)
     run: RunSection = RunSection()
     faults: FaultSection = FaultSection()
+    supervision: SupervisionSection = SupervisionSection()
 
     _names = field_validator("id", "checkpoint")(
         lambda value: value if value is None else check_name(value)
@@ -85,10 +99,17 @@ class Job:
     train: TrainFields
     run: RunSection
     faults: FaultSection
+    supervision: SupervisionSection
 
     def task_instance(self) -> Task:
         """The task object for this job's training fields."""
         return known_tasks()[self.task](self.train)
+
+    def without_faults(self) -> Job:
+        """The job as a recovery attempt runs it: faults off unless they apply to every attempt."""
+        if self.faults.every_attempt:
+            return self
+        return dataclasses.replace(self, faults=FaultSection())
 
     def train_fields(self) -> dict[str, Any]:
         """The normalized training fields, defaults filled in."""
@@ -103,6 +124,7 @@ class Job:
             "train": self.train_fields(),
             "run": self.run.model_dump(),
             "faults": self.faults.model_dump(),
+            "supervision": self.supervision.model_dump(),
         }
 
 
@@ -156,6 +178,7 @@ def job_from_mapping(document: dict[str, Any], origin: str = "<job>") -> Job:
         train=train,
         run=parsed.run,
         faults=parsed.faults,
+        supervision=parsed.supervision,
     )
 
 

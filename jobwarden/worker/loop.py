@@ -9,6 +9,7 @@ broken stdout means the supervisor is gone and is treated the same way.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import faulthandler
 import os
 import signal
@@ -41,6 +42,10 @@ from jobwarden.worker.faults import FaultPlan
 from jobwarden.worker.runtime import enable_compilation_cache, runtime_identity
 
 
+SUPERVISOR_ENV = "JOBWARDEN_SUPERVISOR_PID"
+PR_SET_PDEATHSIG = 1
+
+
 class Preemption:
     """Records SIGTERM for the loop; the handler only sets a flag."""
 
@@ -49,13 +54,23 @@ class Preemption:
         self.reason = ""
 
     def install(self) -> None:
-        """Route SIGTERM here and SIGUSR1 to a stack dump of every thread on stderr."""
+        """Route SIGTERM here and SIGUSR1 to a stack dump of every thread on stderr.
+
+        Under a supervisor (``$JOBWARDEN_SUPERVISOR_PID``) the kernel also sends
+        SIGTERM when the supervisor dies, so an orphaned worker commits and exits.
+        """
         signal.signal(signal.SIGTERM, self._on_term)
         faulthandler.register(signal.SIGUSR1, all_threads=True)
+        supervisor = os.environ.get(SUPERVISOR_ENV)
+        if supervisor and supervisor.isdigit():
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+            if os.getppid() != int(supervisor):
+                self.requested, self.reason = True, "supervisor gone before start"
 
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
-        self.reason = "SIGTERM"
+        self.reason = "SIGTERM" if os.getppid() != 1 else "SIGTERM (supervisor gone)"
 
 
 @dataclass
@@ -229,6 +244,11 @@ def _run(
     steps, every = job.run.steps, job.run.checkpoint_every
     try:
         while step < steps:
+            if preemption.requested:
+                if step > 0 and committed_step != step:
+                    attempt.commit(step, state)
+                emitter.emit("preempted", step=step, reason=preemption.reason)
+                return PreemptedExit.exit_status
             attempt.faults.before_update(step)
             began = time.perf_counter()
             state, loss = update(state)
@@ -251,14 +271,8 @@ def _run(
                 attempt.commit(step, state)
                 committed_step = step
             attempt.faults.after_update(step)
-            if preemption.requested:
-                if committed_step != step:
-                    attempt.commit(step, state)
-                    committed_step = step
-                emitter.emit("preempted", step=step, reason=preemption.reason)
-                return PreemptedExit.exit_status
     except SupervisorGone:
-        if committed_step != step:
+        if step > 0 and committed_step != step:
             attempt.commit(step, state, report=False)
         sys.stderr.write(f"jobwarden worker: stdout is gone; committed step {step} and exiting\n")
         return PreemptedExit.exit_status
