@@ -200,19 +200,28 @@ def _fault_problems(run: RunSection, faults: FaultSection) -> list[str]:
     return found
 
 
-def load_job(path: Path) -> Job:
-    """Read and validate a job file (``.json`` is JSON, anything else TOML)."""
-    origin = str(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as error:
-        raise JobFileError(origin, [f"cannot read: {error.strerror}"]) from error
+def job_from_bytes(raw: bytes, origin: str, fmt: Literal["toml", "json"]) -> Job:
+    """Validate a job file's bytes; raises `JobFileError` listing every problem."""
     if len(raw) > MAX_JOB_FILE_BYTES:
         raise JobFileError(
             origin, [f"file is {len(raw)} bytes, over the {MAX_JOB_FILE_BYTES}-byte limit"]
         )
     try:
-        document = parse_text(raw.decode(), "json" if path.suffix == ".json" else "toml")
+        document = parse_text(raw.decode(), fmt)
     except (ValueError, UnicodeDecodeError) as error:
         raise JobFileError(origin, [f"syntax: {error}"]) from error
     return job_from_mapping(document, origin)
+
+
+def format_of(path: Path) -> Literal["toml", "json"]:
+    """A job file's format by its name: ``.json`` is JSON, anything else TOML."""
+    return "json" if path.suffix == ".json" else "toml"
+
+
+def load_job(path: Path) -> Job:
+    """Read and validate a job file."""
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise JobFileError(str(path), [f"cannot read: {error.strerror}"]) from error
+    return job_from_bytes(raw, str(path), format_of(path))

@@ -1,6 +1,12 @@
 """``wardenctl``: the operator's command line.
 
-``verify`` and ``inspect`` work on files and need no daemon.
+Commands that ask the daemon go over its control socket (``--root`` or
+``$JOBWARDEN_ROOT`` selects it, ``--socket`` names it).  ``verify`` and
+``inspect`` work on files and need no daemon.
+
+Exit statuses follow supervisorctl's LSB convention where one applies:
+0 ok, 1 the daemon is not reachable or refused the request, 2 usage error,
+3 ``status``: some job needs attention (failed or escalated), 4 no such job.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from jobwarden import __version__
 EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
+EXIT_ATTENTION = 3
+EXIT_NO_SUCH = 4
 
 
 def _print(data: Any, as_json: bool, text: Callable[[Any], str]) -> None:
@@ -48,16 +56,163 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK if record["verdict"]["ok"] else EXIT_REFUSED
 
 
+def _ask(args: argparse.Namespace, cmd: str, **fields: Any) -> Any:
+    from jobwarden.control import client
+
+    return client.request(client.socket_for(args.root, args.socket), cmd, **fields)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.0f}m"
+
+
+def render_status(data: dict[str, Any]) -> str:
+    """Status rows as a table."""
+    header = ("JOB", "STATE", "ATTEMPT", "STEP", "LAST", "CKPT", "PID", "RSS", "UPTIME")
+    rows = [header] + [
+        (
+            r["id"],
+            r["state"],
+            str(r["attempt"]),
+            f"{r['step']}/{r['steps']}",
+            _age(r["last_progress_age_s"]),
+            "-" if r["newest_checkpoint_step"] is None else str(r["newest_checkpoint_step"]),
+            str(r["pid"] or "-"),
+            "-" if r["rss_mb"] is None else f"{r['rss_mb']:.0f}M",
+            _age(r["uptime_s"]),
+        )
+        for r in data["jobs"]
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def render_job(data: dict[str, Any]) -> str:
+    """One job's detail view."""
+    lines = [
+        f"{k}: {data[k]}"
+        for k in (
+            "id",
+            "state",
+            "reason",
+            "task",
+            "checkpoint",
+            "attempt",
+            "restarts",
+            "step",
+            "steps",
+            "newest_checkpoint_step",
+            "pid",
+            "rss_mb",
+            "cpu_percent",
+            "process_status",
+            "threads",
+            "replayed_updates",
+            "time_lost_s",
+            "incidents",
+        )
+    ]
+    lines.append("history:")
+    lines += [f"  {h.get('from', '-')} -> {h['to']}: {h['reason']}" for h in data["history"]]
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """One row per job, or one job in detail."""
+    from jobwarden.control.protocol import ControlError
+
+    try:
+        data = _ask(args, "status", job=args.job)
+    except ControlError as error:
+        sys.stderr.write(f"wardenctl: {error.message}\n")
+        return EXIT_NO_SUCH if error.code == "control.no_such_job" else EXIT_REFUSED
+    _print(data, args.json, render_job if args.job else render_status)
+    states = [data["state"]] if args.job else [r["state"] for r in data["jobs"]]
+    return EXIT_ATTENTION if any(s in ("failed", "escalated") for s in states) else EXIT_OK
+
+
+def render_incidents(data: list[dict[str, Any]]) -> str:
+    """Incidents, one line each."""
+    return (
+        "\n".join(f"{i['id']}  {i['kind']:<22} {i['status']:<10} {i['outcome']}" for i in data)
+        or "no incidents"
+    )
+
+
+def cmd_incidents(args: argparse.Namespace) -> int:
+    """Every incident, or one job's."""
+    _print(_ask(args, "incidents", job=args.job), args.json, render_incidents)
+    return EXIT_OK
+
+
+def cmd_runbook(args: argparse.Namespace) -> int:
+    """Print an incident's rendered runbook."""
+    data = _ask(args, "runbook", incident=args.incident)
+    _print(data, args.json, lambda d: d["text"].rstrip() + f"\n\n(runbook file: {d['path']})")
+    return EXIT_OK
+
+
+def cmd_shutdown(args: argparse.Namespace) -> int:
+    """Ask the daemon to preempt its workers and exit."""
+    _print(_ask(args, "shutdown"), args.json, lambda d: f"wardend stopping; preempting {d['live']}")
+    return EXIT_OK
+
+
 def cmd_version(args: argparse.Namespace) -> int:
-    """Print the client's version."""
-    _print({"wardenctl": __version__}, args.json, lambda d: f"wardenctl {d['wardenctl']}")
+    """Print the client's version, and the daemon's when one answers."""
+    from jobwarden.control.client import DaemonUnreachable
+
+    data: dict[str, Any] = {"wardenctl": __version__}
+    try:
+        data["wardend"] = _ask(args, "version")
+    except DaemonUnreachable as error:
+        data["wardend"] = None
+        data["note"] = error.message
+    _print(
+        data,
+        args.json,
+        lambda d: (
+            f"wardenctl {d['wardenctl']}\n"
+            + (
+                f"wardend {d['wardend']['wardend']} (pid {d['wardend']['pid']})"
+                if d["wardend"]
+                else d["note"]
+            )
+        ),
+    )
     return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command."""
     parser = argparse.ArgumentParser(prog="wardenctl", description="Control and inspect jobwarden.")
+    parser.add_argument("--root", help="the daemon's root (default $JOBWARDEN_ROOT)")
+    parser.add_argument("--socket", help="the control socket (default ROOT/control.sock)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    status = commands.add_parser("status", help="jobs and their state")
+    status.add_argument("job", nargs="?")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    incidents = commands.add_parser("incidents", help="incident records")
+    incidents.add_argument("job", nargs="?")
+    incidents.add_argument("--json", action="store_true")
+    incidents.set_defaults(func=cmd_incidents)
+
+    runbook = commands.add_parser("runbook", help="an incident's runbook")
+    runbook.add_argument("incident")
+    runbook.add_argument("--json", action="store_true")
+    runbook.set_defaults(func=cmd_runbook)
+
+    shutdown = commands.add_parser("shutdown", help="preempt every worker and stop the daemon")
+    shutdown.add_argument("--json", action="store_true")
+    shutdown.set_defaults(func=cmd_shutdown)
 
     verify = commands.add_parser("verify", help="prove a resumed run continued the reference")
     verify.add_argument("reference", type=Path, help="events file or run folder of the reference")
@@ -79,8 +234,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``wardenctl``."""
+    from jobwarden.control.client import DaemonUnreachable
+    from jobwarden.control.protocol import ControlError
+
     args = build_parser().parse_args(argv)
-    status: int = args.func(args)
+    try:
+        status: int = args.func(args)
+    except DaemonUnreachable as error:
+        sys.stderr.write(f"wardenctl: {error.message}\n")
+        return EXIT_REFUSED
+    except ControlError as error:
+        sys.stderr.write(f"wardenctl: {error.code}: {error.message}\n")
+        return EXIT_NO_SUCH if error.code.startswith("control.no_such") else EXIT_REFUSED
     return status
 
 

@@ -39,10 +39,8 @@ from jobwarden.hashing import config_hash, files_digest, leaves_digest, state_ha
 from jobwarden.jobfile import Job
 from jobwarden.tasks.base import State
 from jobwarden.worker.faults import FaultPlan
-from jobwarden.worker.runtime import enable_compilation_cache, runtime_identity
+from jobwarden.worker.runtime import SUPERVISOR_ENV, enable_compilation_cache, runtime_identity
 
-
-SUPERVISOR_ENV = "JOBWARDEN_SUPERVISOR_PID"
 PR_SET_PDEATHSIG = 1
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from jobwarden.errors import UnsafeCacheError
 
+SUPERVISOR_ENV = "JOBWARDEN_SUPERVISOR_PID"
 PINNED_XLA_FLAGS = ("--xla_cpu_multi_thread_eigen=false", "intra_op_parallelism_threads=1")
 PINNED_ENV = {
     "JAX_PLATFORMS": "cpu",
