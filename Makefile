@@ -25,6 +25,7 @@ lint: setup
 	$(BIN)/mypy
 
 bench: setup
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[bench]'
 	$(BIN)/python bench/checkpoint.py
 
 constraints: setup

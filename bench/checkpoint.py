@@ -13,6 +13,9 @@ mu and nu are not all zeros) it measures, as medians over repeats:
   preallocated bytearray, no verification;
 * optionally orbax-checkpoint's save and restore of the same state pytree.
 
+It also shows `state_hash`, which the worker computes for the manifest before
+each save (outside ``save``, as in the worker's own checkpoint timing).
+
 Files are made cold before every timed read: fsync, then
 ``posix_fadvise(POSIX_FADV_DONTNEED)``, then ``/proc/sys/vm/drop_caches`` when
 it is writable; the page-cache residency left is checked with ``mincore``.
@@ -351,7 +354,7 @@ class SizeResult:
 
 @dataclass(frozen=True)
 class Run:
-    """How each measurement is repeated, and the shared helpers."""
+    """How often each measurement runs, how files are made cold, and orbax (or None)."""
 
     repeats: int
     warmup: int
@@ -542,6 +545,7 @@ def bench_tiny(run: Run, workdir: Path) -> dict[str, Op]:
 ROW_NAMES = {
     "save": "save (jobwarden commit)",
     "raw_write": "raw durable write",
+    "state_hash": "state_hash (worker, pre-save)",
     "load": "load (format.read, verified)",
     "raw_read": "raw cold read",
     "orbax_save": "orbax save",

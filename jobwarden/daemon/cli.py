@@ -32,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds between safety-net rescans of the spool",
     )
     parser.add_argument(
+        "--compile-cache",
+        type=Path,
+        help="the workers' JAX compilation cache (default ROOT/cache/jax)",
+    )
+    parser.add_argument(
         "--sample-interval",
         type=float,
         default=1.0,
@@ -52,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         group=args.group,
         rescan_interval_s=args.rescan_interval,
         sample_interval_s=args.sample_interval,
+        compile_cache=args.compile_cache,
     )
     try:
         return asyncio.run(Wardend(root, options).run())

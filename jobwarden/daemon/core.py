@@ -77,6 +77,7 @@ class Attempt:
     failure: Event | None = None
     completed: bool = False
     last_event: dict[str, Any] | None = None
+    last_progress: dict[str, Any] | None = None
     checkpoint: tuple[int, str] | None = None
     cpu_mark: tuple[float, float] | None = None
     stall_evidence: dict[str, Any] | None = None
@@ -93,6 +94,7 @@ class Options:
     group: str | None = None
     rescan_interval_s: float = 5.0
     sample_interval_s: float = 1.0
+    compile_cache: Path | None = None
 
 
 class Wardend:
@@ -252,7 +254,9 @@ class Wardend:
                 record.id,
                 number,
                 folder,
-                worker_argv(job_file, checkpoint_dir, self.root.cache),
+                worker_argv(
+                    job_file, checkpoint_dir, self.options.compile_cache or self.root.cache
+                ),
                 dict(os.environ),
             )
             loop = asyncio.get_running_loop()
@@ -312,6 +316,7 @@ class Wardend:
         elif kind == "progress":
             attempt.stall.alive(sup.stall_timeout_s)
             record.step, record.last_progress = event["step"], time.time()
+            attempt.last_progress = attempt.last_event
             self._mark_cpu(attempt)
             if attempt.plan is not None:
                 plan = attempt.plan
@@ -507,6 +512,7 @@ class Wardend:
             "gap_s": round(gap, 4),
             "overshoot_s": round(gap - timeout, 4),
             "last_event": attempt.last_event,
+            "last_progress": attempt.last_progress,
             "psutil_status": sample.get("status"),
             "cpu_during_gap": cpu_gap,
             "stack_dump": dump,

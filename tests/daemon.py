@@ -1,0 +1,132 @@
+"""A real wardend on a temporary root, driven the way users drive it: by dropping files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from jobwarden.control import client
+from jobwarden.control.client import DaemonUnreachable
+
+TERMINAL = ("completed", "escalated", "failed", "cancelled")
+
+
+class Daemon:
+    """One wardend process; `drop` submits a job file, `wait` polls its state over the socket."""
+
+    def __init__(self, root: Path, cache: Path | None = None, *extra: str) -> None:
+        self.root = root
+        self.cache = cache
+        self.extra = extra
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30) -> Daemon:
+        """Start wardend and wait until its control socket answers."""
+        argv = [
+            sys.executable,
+            "-m",
+            "jobwarden.daemon",
+            "--root",
+            str(self.root),
+            "--rescan-interval",
+            "1",
+            *self.extra,
+        ]
+        if self.cache is not None:
+            argv += ["--compile-cache", str(self.cache)]
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root.parent / f"{self.root.name}.stderr").open("ab") as err:
+            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.ask("version")
+                return self
+            except (DaemonUnreachable, OSError):
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"wardend exited with {self.proc.returncode}") from None
+                time.sleep(0.05)
+        raise TimeoutError("wardend did not answer on its socket")
+
+    def ask(self, cmd: str, **args: Any) -> Any:
+        """One control request."""
+        return client.request(self.root / "control.sock", cmd, **args)
+
+    def drop(self, name: str, text: str | bytes) -> Path:
+        """Write a request in spool/tmp and rename it into spool/incoming."""
+        tmp = self.root / "spool" / "tmp" / name
+        tmp.write_bytes(text.encode() if isinstance(text, str) else text)
+        target = self.root / "spool" / "incoming" / name
+        os.rename(tmp, target)
+        return target
+
+    def state(self, job: str) -> dict[str, Any]:
+        """The job's detail status."""
+        result: dict[str, Any] = self.ask("status", job=job)
+        return result
+
+    def wait(
+        self, job: str, states: tuple[str, ...] = TERMINAL, timeout: float = 120
+    ) -> dict[str, Any]:
+        """Poll until the job reaches one of ``states``; returns its status."""
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            try:
+                last = self.state(job)
+                if last["state"] in states:
+                    return last
+            except client.ControlError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"job {job} did not reach {states}; last {last.get('state')}")
+
+    def incidents(self, job: str) -> list[dict[str, Any]]:
+        """The job's incident records."""
+        result: list[dict[str, Any]] = self.ask("incidents", job=job)
+        return result
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        """Signal the daemon and wait for it; returns its exit status."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def job_folder(self, job: str) -> Path:
+        """jobs/<id>."""
+        return self.root / "jobs" / job
+
+    def events(self, job: str, attempt: int) -> list[dict[str, Any]]:
+        """Parsed events of one attempt."""
+        path = self.job_folder(job) / "attempts" / str(attempt) / "events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def __enter__(self) -> Daemon:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def linreg_job(job_id: str, checkpoint: str | None = None, **sections: dict[str, Any]) -> str:
+    """A linreg job file's text with the lesson's training fields."""
+    from tests.helpers import toml_value
+
+    lines = [f'id = "{job_id}"', 'task = "linreg"']
+    if checkpoint:
+        lines.append(f'checkpoint = "{checkpoint}"')
+    for name, fields in sections.items():
+        lines.append(f"[{name}]")
+        lines += [f"{key} = {toml_value(value)}" for key, value in fields.items()]
+    return "\n".join(lines) + "\n"
