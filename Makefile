@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 demo: setup
-	$(BIN)/python -m jobwarden.control.rehearsal --out out/demo
+	rm -rf out/demo
+	$(BIN)/wardenctl drill crash --out out/demo
 
 test: setup
 	$(BIN)/pytest -n 2

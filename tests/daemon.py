@@ -13,6 +13,7 @@ from typing import Any
 
 from jobwarden.control import client
 from jobwarden.control.client import DaemonUnreachable
+from jobwarden.control.protocol import ControlError
 
 TERMINAL = ("completed", "escalated", "failed", "cancelled")
 
@@ -82,7 +83,7 @@ class Daemon:
                 last = self.state(job)
                 if last["state"] in states:
                     return last
-            except client.ControlError:
+            except ControlError:
                 pass
             time.sleep(0.05)
         raise TimeoutError(f"job {job} did not reach {states}; last {last.get('state')}")

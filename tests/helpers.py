@@ -4,17 +4,55 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from jobwarden.checkpoint import atomic, format
-from jobwarden.control.rehearsal import AttemptResult, run_worker
+from jobwarden.events import Event, read_events
 from jobwarden.hashing import state_hash
 
 __all__ = ["AttemptResult", "job", "kinds", "rewrite_checkpoint", "run_worker", "toml_value"]
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """One worker process run to its end, with its evidence folder."""
+
+    folder: Path
+    exit_status: int
+
+    def events(self) -> list[Event]:
+        """The attempt's valid events."""
+        return [e for e in read_events(self.folder / "events.jsonl") if isinstance(e, Event)]
+
+
+def run_worker(
+    job: Path, checkpoint_dir: Path, folder: Path, cache: Path | None = None, timeout: float = 300
+) -> AttemptResult:
+    """Run ``python -m jobwarden.worker`` to completion, keeping its events and stderr."""
+    folder.mkdir(parents=True, exist_ok=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "jobwarden.worker",
+        "--job",
+        str(job),
+        "--checkpoint-dir",
+        str(checkpoint_dir),
+    ]
+    if cache is not None:
+        argv += ["--compile-cache", str(cache)]
+    with (folder / "events.jsonl").open("wb") as out, (folder / "stderr.log").open("wb") as err:
+        status = subprocess.run(
+            argv, stdout=out, stderr=err, timeout=timeout, check=False
+        ).returncode
+    return AttemptResult(folder, status)
 
 
 def toml_value(value: Any) -> str:

@@ -75,33 +75,24 @@ def test_lesson_drill_restores_step_2_and_replays_3_to_8(
     )
 
 
-def test_lesson_exercise_seed_9_every_3_fail_after_5(tmp_path: Path) -> None:
-    """The exercise through the demo's own drill: restored at 3, equal to its reference."""
-    out = tmp_path / "drill"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jobwarden.control.rehearsal",
-            "--out",
-            str(out),
-            "--seed",
-            "9",
-            "--checkpoint-every",
-            "3",
-            "--fail-after",
-            "5",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
+def test_lesson_exercise_seed_9_every_3_fail_after_5(worker: Runner, tmp_path: Path) -> None:
+    """The exercise: seed 9, checkpoint every 3, fail after 5 -> restored at 3, exact."""
+    train, run = {"seed": 9}, {"checkpoint_every": 3}
+    ref = worker(job(tmp_path / "ref.toml", "ref", train=train, run=run), tmp_path / "ref-ck")
+    ck = tmp_path / "ck"
+    failed = worker(
+        job(tmp_path / "f.toml", "ex", train=train, run=run, faults={"fail_after": 5}), ck
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    verdict = json.loads((out / "verdict.json").read_text())
-    assert verdict["restored_step"] == 3
-    assert verdict["replayed_steps"] == [4, 5, 6, 7, 8]
-    assert verdict["verify"]["proven"] is True
+    resumed = worker(job(tmp_path / "r.toml", "ex", train=train, run=run), ck)
+    assert [e["step"] for e in kinds(resumed, "restored")] == [3]
+    assert [e["step"] for e in kinds(resumed, "progress")] == [4, 5, 6, 7, 8]
+    report = proven(ref, failed, resumed)
+    assert report.proven, verify.render(report)
+    ref_final = format.read(Path(kinds(ref, "completed")[0]["file"]))
+    res_final = format.read(Path(kinds(resumed, "completed")[0]["file"]))
+    assert all(
+        ref_final.arrays[p].tobytes() == res_final.arrays[p].tobytes() for p in ref_final.arrays
+    )
 
 
 def test_hard_crash_after_update_resumes_exactly(

@@ -163,6 +163,27 @@ def cmd_shutdown(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_drill(args: argparse.Namespace) -> int:
+    """Rehearse a failure through a daemon; exit 0 only if every check held."""
+    from jobwarden.control import drill
+
+    params = drill.DrillParams(
+        seed=args.seed,
+        steps=args.steps,
+        checkpoint_every=args.checkpoint_every,
+        fail_after=args.fail_after,
+        stall_at=args.stall_at,
+        task=args.task,
+    )
+    root = Path(args.root) if args.root else None
+    result = drill.run_drill(args.drill, root, Path(args.out), params)
+    if args.json:
+        _print(result.as_record(), True, str)
+    else:
+        sys.stdout.write(drill.render(result) + "\n")
+    return EXIT_OK if result.ok else EXIT_REFUSED
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     """Print the client's version, and the daemon's when one answers."""
     from jobwarden.control.client import DaemonUnreachable
@@ -209,6 +230,18 @@ def build_parser() -> argparse.ArgumentParser:
     runbook.add_argument("incident")
     runbook.add_argument("--json", action="store_true")
     runbook.set_defaults(func=cmd_runbook)
+
+    drill = commands.add_parser("drill", help="rehearse a failure and verify the recovery")
+    drill.add_argument("drill", choices=["crash"])
+    drill.add_argument("--out", default="drill-evidence", help="evidence folder")
+    drill.add_argument("--json", action="store_true")
+    drill.add_argument("--seed", type=int, default=3)
+    drill.add_argument("--steps", type=int, default=8)
+    drill.add_argument("--checkpoint-every", type=int, default=2)
+    drill.add_argument("--fail-after", type=int, default=3)
+    drill.add_argument("--stall-at", type=int, default=5)
+    drill.add_argument("--task", default="linreg")
+    drill.set_defaults(func=cmd_drill)
 
     shutdown = commands.add_parser("shutdown", help="preempt every worker and stop the daemon")
     shutdown.add_argument("--json", action="store_true")
