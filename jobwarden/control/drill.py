@@ -25,8 +25,8 @@ from typing import Any
 from jobwarden.checkpoint import format
 from jobwarden.checkpoint.errors import CheckpointError
 from jobwarden.control import client, verify
-from jobwarden.control.protocol import ControlError
 from jobwarden.control.inspect import describe
+from jobwarden.control.protocol import ControlError
 from jobwarden.events import Event, read_events
 
 TERMINAL = ("completed", "escalated", "failed", "cancelled")
