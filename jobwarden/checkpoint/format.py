@@ -39,6 +39,7 @@ from jobwarden.hashing import HASH_NAME, Leaves, little_endian
 SCHEMA_VERSION = 1
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 WRITE_CHUNK = 1 << 30
+READ_CHUNK = 16 << 20
 
 SAFETENSORS_DTYPES: dict[str, str] = {
     "float64": "F64",
@@ -242,14 +243,27 @@ def write_all(fd: int, buffers: list[memoryview]) -> int:
     return total
 
 
-def _read_exact(fd: int, view: memoryview) -> int:
-    filled = 0
-    while filled < len(view):
-        count = os.readv(fd, [view[filled:]])
+def _read_and_hash(
+    fd: int, start: int, length: int, manifest_text: bytes, name: str
+) -> tuple[np.ndarray, str]:
+    """Read the data region in chunks into one uninitialised buffer, hashing each chunk
+    while it is still in cache.
+
+    A zero-filled buffer followed by one large read costs twice the page faults;
+    chunks of `READ_CHUNK` keep the checksum nearly free next to the read.
+    """
+    data = np.empty(length, np.uint8)
+    view = data.data
+    hasher = xxhash.xxh3_128(manifest_text)
+    position = 0
+    while position < length:
+        chunk = view[position : position + READ_CHUNK]
+        count = os.preadv(fd, [chunk], start + position)
         if count == 0:
-            break
-        filled += count
-    return filled
+            raise TruncatedCheckpoint(name, "file shrank while it was read")
+        hasher.update(chunk[:count])
+        position += count
+    return data, f"{HASH_NAME}:{hasher.hexdigest()}"
 
 
 def read(path: Path) -> Checkpoint:
@@ -275,14 +289,9 @@ def read(path: Path) -> Checkpoint:
             raise UnreadableCheckpoint(
                 name, f"{available - expected} unexpected bytes after the data"
             )
-        data = bytearray(expected)
-        view = memoryview(data)
-        os.lseek(fd, 8 + header_len, os.SEEK_SET)
-        if _read_exact(fd, view) != expected:
-            raise TruncatedCheckpoint(name, "file shrank while it was read", size=size)
+        data, found = _read_and_hash(fd, 8 + header_len, expected, manifest_text.encode(), name)
     finally:
         os.close(fd)
-    found = _checksum(manifest_text.encode(), [view])
     if found != stored_checksum:
         raise ChecksumMismatch(
             name,
