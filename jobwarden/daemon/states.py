@@ -24,27 +24,16 @@ class JobState(enum.Enum):
 
 S = JobState
 
+_ENDINGS = {S.FAILED, S.PREEMPTED, S.ESCALATED, S.CANCELLED}
+
+# Where each state may go.  RECOVERING -> RECOVERING is a recovery attempt that failed
+# before its replay was verified, followed by the next recovery.
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    S.QUEUED: frozenset({S.STARTING, S.CANCELLED, S.ESCALATED}),
-    S.STARTING: frozenset(
-        {
-            S.RUNNING,
-            S.STALLED,
-            S.FAILED,
-            S.PREEMPTED,
-            S.RECOVERING,
-            S.COMPLETED,
-            S.ESCALATED,
-            S.CANCELLED,
-        }
-    ),
-    S.RUNNING: frozenset(
-        {S.STALLED, S.FAILED, S.PREEMPTED, S.RECOVERING, S.COMPLETED, S.ESCALATED, S.CANCELLED}
-    ),
-    S.STALLED: frozenset({S.RECOVERING, S.FAILED, S.ESCALATED, S.PREEMPTED, S.CANCELLED}),
-    S.RECOVERING: frozenset(
-        {S.RUNNING, S.STALLED, S.FAILED, S.PREEMPTED, S.COMPLETED, S.ESCALATED, S.CANCELLED}
-    ),
+    S.QUEUED: frozenset({S.STARTING, S.ESCALATED, S.CANCELLED}),
+    S.STARTING: frozenset({S.RUNNING, S.STALLED, S.RECOVERING, S.COMPLETED, *_ENDINGS}),
+    S.RUNNING: frozenset({S.STALLED, S.RECOVERING, S.COMPLETED, *_ENDINGS}),
+    S.STALLED: frozenset({S.RECOVERING, S.COMPLETED, *_ENDINGS}),
+    S.RECOVERING: frozenset({S.RUNNING, S.STALLED, S.RECOVERING, S.COMPLETED, *_ENDINGS}),
     S.PREEMPTED: frozenset({S.QUEUED, S.RECOVERING, S.CANCELLED}),
     S.FAILED: frozenset({S.QUEUED, S.CANCELLED}),
     S.ESCALATED: frozenset({S.QUEUED, S.CANCELLED}),
