@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from jobwarden import __version__
+from jobwarden.control.protocol import ControlError
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
@@ -124,7 +125,6 @@ def render_job(data: dict[str, Any]) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """One row per job, or one job in detail."""
-    from jobwarden.control.protocol import ControlError
 
     try:
         data = _ask(args, "status", job=args.job)
@@ -154,6 +154,135 @@ def cmd_runbook(args: argparse.Namespace) -> int:
     """Print an incident's rendered runbook."""
     data = _ask(args, "runbook", incident=args.incident)
     _print(data, args.json, lambda d: d["text"].rstrip() + f"\n\n(runbook file: {d['path']})")
+    return EXIT_OK
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Drop a job file into the daemon's spool (tmp, then rename) and report the outcome."""
+    import os
+    import shutil
+    import time
+
+    from jobwarden.errors import JobFileError
+    from jobwarden.jobfile import load_job
+
+    source = Path(args.file)
+    try:
+        job_id = load_job(source).id
+    except JobFileError as error:
+        sys.stderr.write(f"wardenctl submit: {source} is invalid, not submitted:\n")
+        sys.stderr.write("".join(f"  {problem}\n" for problem in error.problems))
+        return EXIT_USAGE
+    spool = _ask(args, "version")["spool"]
+    name = f"{job_id}-{time.time_ns()}{source.suffix or '.toml'}"
+    tmp = Path(spool["tmp"]) / name
+    shutil.copyfile(source, tmp)
+    os.rename(tmp, Path(spool["incoming"]) / name)
+    deadline = time.monotonic() + args.wait
+    rejected = Path(spool["rejected"]) / f"{name}.error.json"
+    while time.monotonic() < deadline:
+        if rejected.exists():
+            problems = json.loads(rejected.read_text())["problems"]
+            _print(
+                {"job": job_id, "accepted": False, "problems": problems},
+                args.json,
+                lambda d: f"rejected: {'; '.join(d['problems'])}",
+            )
+            return EXIT_REFUSED
+        try:
+            state = _ask(args, "status", job=job_id)["state"]
+        except ControlError:
+            time.sleep(0.02)
+            continue
+        _print({"job": job_id, "accepted": True, "state": state}, args.json, lambda d: d["job"])
+        return EXIT_OK
+    sys.stderr.write(f"wardenctl submit: dropped {name}; the daemon has not claimed it yet\n")
+    return EXIT_REFUSED
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """Preempt a job: its worker commits its current step and exits."""
+    _print(
+        _ask(args, "stop", job=args.job),
+        args.json,
+        lambda d: (
+            f"{d['job']}: stopping (pid {d['pid']})"
+            if d["stopping"]
+            else f"{d['job']}: {d['state']}"
+        ),
+    )
+    return EXIT_OK
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """Queue a preempted, failed or escalated job again."""
+    _print(_ask(args, "resume", job=args.job), args.json, lambda d: f"{d['job']}: {d['state']}")
+    return EXIT_OK
+
+
+def render_event(event: dict[str, Any]) -> str:
+    """One event as a readable line."""
+    import time
+
+    stamp = time.strftime("%H:%M:%S", time.localtime(event.get("time", 0)))
+    kind = event.get("event", "?")
+    skip = {"v", "event", "time", "attempt", "components", "runtime", "traceback"}
+    fields = " ".join(f"{k}={_short(v)}" for k, v in event.items() if k not in skip)
+    return f"#{event.get('attempt')} {stamp} {kind:<10} {fields}"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value):
+        return value[:12]
+    text = json.dumps(value) if isinstance(value, list | dict) else str(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    """Print a job's events; -f follows them until the job ends."""
+    import time
+
+    cursor: dict[str, Any] = {"attempt": 1, "offset": 0}
+    while True:
+        data = _ask(args, "events", job=args.job, **cursor)
+        for event in data["events"]:
+            sys.stdout.write((json.dumps(event) if args.json else render_event(event)) + "\n")
+        sys.stdout.flush()
+        cursor = data["cursor"]
+        if not args.follow or (
+            not data["events"]
+            and data["state"] in ("completed", "escalated", "failed", "cancelled", "preempted")
+        ):
+            return EXIT_OK
+        if not data["events"]:
+            time.sleep(0.2)
+
+
+def render_checkpoints(rows: list[dict[str, Any]]) -> str:
+    """Checkpoint files with their verdicts."""
+    lines = []
+    for row in rows:
+        verdict = row["verdict"]
+        mark = "ok" if verdict["ok"] else verdict.get("code", "refused")
+        lines.append(
+            f"{row['where']:<11} step {row['step']!s:>6}  {row['bytes']!s:>10} B  "
+            f"{mark:<22} {Path(row['file']).name}  {verdict.get('message', '')}"
+        )
+    return "\n".join(lines) or "no checkpoint files"
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    """Every checkpoint file of a job with its validation verdict."""
+    _print(_ask(args, "checkpoints", job=args.job), args.json, render_checkpoints)
+    return EXIT_OK
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    """Prometheus text exposition."""
+    data = _ask(args, "metrics")
+    _print(data, args.json, lambda d: d["text"].rstrip())
     return EXIT_OK
 
 
@@ -243,6 +372,34 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--task", default="linreg")
     drill.set_defaults(func=cmd_drill)
 
+    submit = commands.add_parser("submit", help="drop a job file into the spool")
+    submit.add_argument("file")
+    submit.add_argument(
+        "--wait", type=float, default=10.0, help="seconds to wait for the daemon to claim it"
+    )
+    submit.add_argument("--json", action="store_true")
+    submit.set_defaults(func=cmd_submit)
+
+    for name, func, text in (
+        ("stop", cmd_stop, "preempt a job (it checkpoints first)"),
+        ("resume", cmd_resume, "queue a stopped or escalated job again"),
+        ("checkpoints", cmd_checkpoints, "checkpoints and their verdicts"),
+    ):
+        sub = commands.add_parser(name, help=text)
+        sub.add_argument("job")
+        sub.add_argument("--json", action="store_true")
+        sub.set_defaults(func=func)
+
+    tail = commands.add_parser("tail", help="a job's events")
+    tail.add_argument("job")
+    tail.add_argument("-f", "--follow", action="store_true")
+    tail.add_argument("--json", action="store_true")
+    tail.set_defaults(func=cmd_tail)
+
+    metrics = commands.add_parser("metrics", help="Prometheus text exposition")
+    metrics.add_argument("--json", action="store_true")
+    metrics.set_defaults(func=cmd_metrics)
+
     shutdown = commands.add_parser("shutdown", help="preempt every worker and stop the daemon")
     shutdown.add_argument("--json", action="store_true")
     shutdown.set_defaults(func=cmd_shutdown)
@@ -268,7 +425,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``wardenctl``."""
     from jobwarden.control.client import DaemonUnreachable
-    from jobwarden.control.protocol import ControlError
 
     args = build_parser().parse_args(argv)
     try:

@@ -13,6 +13,7 @@ from jobwarden.control.protocol import PROTOCOL_VERSION, ControlError
 from jobwarden.errors import JobwardenError
 
 ROOT_ENV = "JOBWARDEN_ROOT"
+SOCKET_ENV = "JOBWARDEN_SOCKET"
 DEFAULT_ROOT = "/var/lib/jobwarden"
 _ids = itertools.count(1)
 
@@ -25,10 +26,14 @@ class DaemonUnreachable(JobwardenError):
 
 
 def socket_for(root: str | None, sock: str | None) -> Path:
-    """The socket to use: --socket, else ROOT/control.sock from --root or $JOBWARDEN_ROOT."""
+    """The socket, first found of: --socket, --root's, $JOBWARDEN_SOCKET, $JOBWARDEN_ROOT's."""
     if sock:
         return Path(sock)
-    return Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT) / "control.sock"
+    if root:
+        return Path(root) / "control.sock"
+    if os.environ.get(SOCKET_ENV):
+        return Path(os.environ[SOCKET_ENV])
+    return Path(os.environ.get(ROOT_ENV) or DEFAULT_ROOT) / "control.sock"
 
 
 def request(path: Path, cmd: str, timeout: float = 10.0, **args: Any) -> Any:

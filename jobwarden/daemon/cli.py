@@ -32,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds between safety-net rescans of the spool",
     )
     parser.add_argument(
+        "--control-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a control client has to send a complete request",
+    )
+    parser.add_argument(
         "--compile-cache",
         type=Path,
         help="the workers' JAX compilation cache (default ROOT/cache/jax)",
@@ -58,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         rescan_interval_s=args.rescan_interval,
         sample_interval_s=args.sample_interval,
         compile_cache=args.compile_cache,
+        control_timeout_s=args.control_timeout,
     )
     try:
         return asyncio.run(Wardend(root, options).run())

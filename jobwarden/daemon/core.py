@@ -24,7 +24,7 @@ from jobwarden import __version__
 from jobwarden.checkpoint.atomic import write_text_atomic
 from jobwarden.checkpoint.store import CheckpointStore
 from jobwarden.control.protocol import ControlError
-from jobwarden.daemon import spool
+from jobwarden.daemon import commands, spool
 from jobwarden.daemon.incidents import Incident, IncidentLog
 from jobwarden.daemon.jobs import JobRecord, JobTable
 from jobwarden.daemon.layout import Root
@@ -32,7 +32,7 @@ from jobwarden.daemon.process import ExitInfo, WorkerProcess, worker_argv
 from jobwarden.daemon.recovery import ReplayPlan
 from jobwarden.daemon.server import ControlServer
 from jobwarden.daemon.stall import StallWatch
-from jobwarden.daemon.states import ACTIVE, NEEDS_ATTENTION, JobState
+from jobwarden.daemon.states import ACTIVE, JobState
 from jobwarden.events import Event, Malformed
 
 log = structlog.get_logger("wardend")
@@ -95,6 +95,7 @@ class Options:
     rescan_interval_s: float = 5.0
     sample_interval_s: float = 1.0
     compile_cache: Path | None = None
+    control_timeout_s: float = 5.0
 
 
 class Wardend:
@@ -119,7 +120,15 @@ class Wardend:
             "malformed_event_lines": 0,
             "stalls_detected": 0,
         }
-        self.server = ControlServer(options.socket or root.socket, self._handlers(), options.group)
+        self.relaunch: dict[str, asyncio.TimerHandle] = {}
+        self.incident_kinds: dict[str, int] = {}
+        self.checkpoint_totals: dict[str, float] = {"count": 0, "bytes": 0, "seconds": 0.0}
+        self.server = ControlServer(
+            options.socket or root.socket,
+            commands.handlers(self),
+            options.group,
+            options.control_timeout_s,
+        )
 
     # ---- life cycle
 
@@ -176,6 +185,9 @@ class Wardend:
 
     async def _shutdown(self) -> None:
         self.shutting_down = True
+        for timer in self.relaunch.values():
+            timer.cancel()
+        self.relaunch.clear()
         log.info("wardend.stopping", live=sorted(self.live))
         stops = [
             a.process.stop("shutdown", a.record.job.supervision.stop_grace_s)
@@ -331,6 +343,10 @@ class Wardend:
             attempt.stall.alive(sup.stall_timeout_s)
             attempt.checkpoint = (event["step"], event["file"])
             record.newest_checkpoint_step = event["step"]
+            totals = self.checkpoint_totals
+            totals["count"] += 1
+            totals["bytes"] += event["bytes"]
+            totals["seconds"] += event["seconds"]
         elif kind == "completed":
             attempt.completed = True
         elif kind == "failed":
@@ -554,6 +570,13 @@ class Wardend:
         )
         if info.stopped_by == "mismatch":
             self.table.save(record)
+        elif info.stopped_by == "operator" and not attempt.completed:
+            self.table.transition(
+                record,
+                S.PREEMPTED,
+                f"stopped by operator at step {record.step}",
+                exit_status=info.status,
+            )
         elif info.stopped_by == "shutdown" and not attempt.completed:
             record.resume_on_start = True
             self.table.transition(
@@ -645,8 +668,51 @@ class Wardend:
         self, record: JobRecord, plan: ReplayPlan, incident: Incident, delay: float
     ) -> None:
         self.reserved.add(record.id)
-        loop = asyncio.get_running_loop()
-        loop.call_later(delay, lambda: self._spawn(self._launch(record, plan, incident)))
+
+        def launch() -> None:
+            self.relaunch.pop(record.id, None)
+            self._spawn(self._launch(record, plan, incident))
+
+        self.relaunch[record.id] = asyncio.get_running_loop().call_later(delay, launch)
+
+    # ---- operator commands
+
+    def stop_job(self, record: JobRecord) -> dict[str, Any]:
+        """Preempt a job: its worker commits its current step and exits; it waits for resume."""
+        attempt = self.live.get(record.id)
+        if attempt is not None:
+            grace = record.job.supervision.stop_grace_s
+            self._spawn(attempt.process.stop("operator", grace))
+            return {
+                "job": record.id,
+                "stopping": True,
+                "pid": attempt.process.pid,
+                "grace_s": grace,
+            }
+        timer = self.relaunch.pop(record.id, None)
+        if timer is not None:
+            timer.cancel()
+            self.reserved.discard(record.id)
+            self.table.transition(record, S.PREEMPTED, "stopped by operator during restart backoff")
+            return {"job": record.id, "stopping": False, "state": record.state.value}
+        raise ControlError(
+            "control.not_running", f"job {record.id} is {record.state.value}; nothing to stop"
+        )
+
+    def resume_job(self, record: JobRecord) -> dict[str, Any]:
+        """Queue a preempted, failed or escalated job again, after a person has decided."""
+        if record.state not in (S.PREEMPTED, S.FAILED, S.ESCALATED):
+            raise ControlError(
+                "control.bad_state",
+                f"job {record.id} is {record.state.value}; "
+                "resume applies to preempted, failed or escalated jobs",
+            )
+        record.restarts = 0
+        record.resume_on_start = False
+        self.table.transition(record, S.QUEUED, "resumed by operator")
+        self.queue.append(record.id)
+        self.schedule()
+        return {"job": record.id, "state": record.state.value}
 
     def _escalation_reason(self, attempt: Attempt, kind: str) -> str:
         failure = attempt.failure
@@ -701,7 +767,7 @@ class Wardend:
             attempt=attempt.number,
             symptom=symptom,
         )
-        record.incidents.append(incident.id)
+        self._register(record, incident)
         folder = attempt.process.folder
         incident.evidence = {
             "events": str(folder / "events.jsonl"),
@@ -736,6 +802,10 @@ class Wardend:
         self.incidents.write(incident, "incident.detected")
         log.warning("incident.detected", job=record.id, incident=incident.id, kind=kind)
         return incident
+
+    def _register(self, record: JobRecord, incident: Incident) -> None:
+        record.incidents.append(incident.id)
+        self.incident_kinds[incident.kind] = self.incident_kinds.get(incident.kind, 0) + 1
 
     def _prevention(self, attempt: Attempt, kind: str, incident: Incident) -> list[str]:
         job = attempt.record.job
@@ -810,7 +880,7 @@ class Wardend:
             ],
             closed=time.time(),
         )
-        record.incidents.append(incident.id)
+        self._register(record, incident)
         self.incidents.write(incident, "incident.duplicate_writer_prevented")
         log.warning(
             "incident.duplicate_writer_prevented",
@@ -830,6 +900,9 @@ class Wardend:
 
     def _resume_from_disk(self) -> None:
         for record in self.table.load():
+            for incident in self.incidents.load(record.id):
+                kind = incident["kind"]
+                self.incident_kinds[kind] = self.incident_kinds.get(kind, 0) + 1
             if record.state is S.QUEUED:
                 self.queue.append(record.id)
             elif record.state in ACTIVE or (record.state is S.PREEMPTED and record.resume_on_start):
@@ -873,7 +946,7 @@ class Wardend:
                 else "None needed: a planned stop; each worker committed its current step."
             ],
         )
-        record.incidents.append(incident.id)
+        self._register(record, incident)
         self.incidents.write(incident, "incident.detected")
         record.resume_on_start = False
         self.table.transition(record, S.RECOVERING, "daemon restarted", incident=incident.id)
@@ -913,96 +986,3 @@ class Wardend:
                 self._spawn(
                     attempt.process.stop("rss", attempt.record.job.supervision.stop_grace_s)
                 )
-
-    # ---- control
-
-    def _handlers(self) -> dict[str, Any]:
-        return {
-            "status": self.cmd_status,
-            "incidents": self.cmd_incidents,
-            "runbook": self.cmd_runbook,
-            "version": self.cmd_version,
-            "shutdown": self.cmd_shutdown,
-        }
-
-    def summary(self, record: JobRecord) -> dict[str, Any]:
-        """One status row."""
-        now = time.time()
-        sample = record.sample if record.id in self.live else {}
-        return {
-            "id": record.id,
-            "state": record.state.value,
-            "reason": record.reason,
-            "attempt": record.attempt,
-            "restarts": record.restarts,
-            "step": record.step,
-            "steps": record.job.run.steps,
-            "task": record.job.task,
-            "checkpoint": record.checkpoint,
-            "last_progress_age_s": round(now - record.last_progress, 3)
-            if record.last_progress
-            else None,
-            "newest_checkpoint_step": record.newest_checkpoint_step,
-            "pid": record.pid,
-            "rss_mb": sample.get("rss_mb"),
-            "cpu_percent": sample.get("cpu_percent"),
-            "process_status": sample.get("status"),
-            "threads": sample.get("threads"),
-            "uptime_s": round(now - record.attempt_started, 3)
-            if record.attempt_started and record.id in self.live
-            else None,
-            "incidents": list(record.incidents),
-            "replayed_updates": record.replayed_updates,
-            "time_lost_s": round(record.time_lost_s, 3),
-        }
-
-    def _record(self, args: dict[str, Any]) -> JobRecord:
-        job_id = args.get("job")
-        record = self.table.get(job_id) if isinstance(job_id, str) else None
-        if record is None:
-            raise ControlError("control.no_such_job", f"no job {job_id!r}")
-        return record
-
-    def cmd_status(self, args: dict[str, Any]) -> Any:
-        """status [job]: one row per job, or one job with its history."""
-        if args.get("job") is not None:
-            record = self._record(args)
-            return {
-                **self.summary(record),
-                "history": record.history,
-                "request": record.job.to_record(),
-            }
-        rows = [self.summary(r) for r in self.table]
-        return {
-            "jobs": rows,
-            "daemon": {
-                "pid": os.getpid(),
-                "version": __version__,
-                "uptime_s": round(time.time() - self.started, 3),
-                "needs_attention": sum(1 for r in self.table if r.state in NEEDS_ATTENTION),
-            },
-        }
-
-    def cmd_incidents(self, args: dict[str, Any]) -> Any:
-        """incidents [job]: every incident's latest record."""
-        if args.get("job") is not None:
-            return self.incidents.load(self._record(args).id)
-        return [i for r in self.table for i in self.incidents.load(r.id)]
-
-    def cmd_runbook(self, args: dict[str, Any]) -> Any:
-        """runbook incident: the rendered runbook and its path."""
-        name = args.get("incident")
-        job_id = name.rsplit("-", 1)[0] if isinstance(name, str) and "-" in name else None
-        path = self.root.job(job_id) / "incidents" / f"{name}.md" if job_id else None
-        if job_id not in self.table or path is None or not path.is_file():
-            raise ControlError("control.no_such_incident", f"no incident {name!r}")
-        return {"incident": name, "path": str(path), "text": path.read_text()}
-
-    def cmd_version(self, args: dict[str, Any]) -> Any:
-        """version: the daemon's version and pid."""
-        return {"wardend": __version__, "pid": os.getpid(), "protocol": 1}
-
-    def cmd_shutdown(self, args: dict[str, Any]) -> Any:
-        """shutdown: preempt every worker and exit, as on SIGTERM."""
-        self.stopping.set()
-        return {"stopping": True, "live": sorted(self.live)}

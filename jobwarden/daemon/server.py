@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import grp
+import inspect
 import os
 import socket
 import struct
@@ -32,6 +33,7 @@ log = structlog.get_logger("wardend.control")
 
 Handler = Callable[[dict[str, Any]], Any]
 READ_TIMEOUT_S = 5.0
+HANDLER_TIMEOUT_S = 60.0
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -44,11 +46,18 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 class ControlServer:
     """Serves the control protocol on one Unix socket."""
 
-    def __init__(self, path: Path, handlers: dict[str, Handler], group: str | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        handlers: dict[str, Handler],
+        group: str | None = None,
+        read_timeout_s: float = READ_TIMEOUT_S,
+    ) -> None:
         self.path = path
         self.handlers = handlers
         self.gid = grp.getgrnam(group).gr_gid if group else None
         self.members = set(grp.getgrnam(group).gr_mem) if group else set()
+        self.read_timeout_s = read_timeout_s
         self.server: asyncio.Server | None = None
         self.refused = 0
 
@@ -112,13 +121,13 @@ class ControlServer:
                 return
             while True:
                 try:
-                    line = await asyncio.wait_for(reader.readline(), READ_TIMEOUT_S)
+                    line = await asyncio.wait_for(reader.readline(), self.read_timeout_s)
                 except TimeoutError:
                     writer.write(
                         encode_error(
                             None,
                             "control.timeout",
-                            f"no complete request within {READ_TIMEOUT_S} s",
+                            f"no complete request within {self.read_timeout_s:g} s",
                         )
                     )
                     await writer.drain()
@@ -141,14 +150,14 @@ class ControlServer:
                     )
                     await writer.drain()
                     return
-                writer.write(self._dispatch(line))
+                writer.write(await self._dispatch(line))
                 await writer.drain()
         except (ConnectionError, OSError):
             return
         finally:
             writer.close()
 
-    def _dispatch(self, line: bytes) -> bytes:
+    async def _dispatch(self, line: bytes) -> bytes:
         request_id = None
         try:
             request = parse_request(line)
@@ -159,6 +168,11 @@ class ControlServer:
                     "control.unknown_command",
                     f"unknown command {request.cmd!r}; known: {', '.join(sorted(self.handlers))}",
                 )
-            return encode_ok(request_id, handler(request.args))
+            result = handler(request.args)
+            if inspect.isawaitable(result):
+                result = await asyncio.wait_for(result, HANDLER_TIMEOUT_S)
+            return encode_ok(request_id, result)
+        except TimeoutError:
+            return encode_error(request_id, "control.timeout", "the daemon took too long")
         except ControlError as error:
             return encode_error(request_id, error.code, error.message)
