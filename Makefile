@@ -28,6 +28,7 @@ lint: setup
 bench: setup
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[bench]'
 	$(BIN)/python bench/checkpoint.py
+	$(BIN)/python bench/daemon.py
 
 constraints: setup
 	$(BIN)/pip freeze --exclude-editable | sort -f > constraints.new && mv constraints.new constraints.txt

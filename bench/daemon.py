@@ -13,9 +13,10 @@ two cores are never shared by two measured jobs.
    right after ``ready`` (so no later job's worker ever starts), N small valid
    jobs are renamed into ``spool/incoming`` 20 ms apart; the latency is
    ``time.time()`` right after ``os.rename`` to the ``job.queued`` log line,
-   which the daemon writes after ``state.json`` is persisted.  A diagnostic
-   row repeats this with files written directly in ``spool/incoming`` (the
-   close-after-write path of the watcher) to separate the watcher from the rescan.
+   which the daemon writes after ``state.json`` is persisted.  Two diagnostic
+   rows write the files directly in ``spool/incoming`` instead (the watcher's
+   close-after-write path), 0.6 s apart and then 20 ms apart, to tell the
+   watcher's latency from the rescan's.
 2. Worker exit to incident: jobs with ``[faults] crash_after = 1`` (SIGKILL right
    after the progress event of update 1) and ``max_restarts = 0``.  The bench
    opens a pidfd on the worker (pid from ``attempt.started``) and notes when it
@@ -26,7 +27,8 @@ two cores are never shared by two measured jobs.
    the daemon records ``details.overshoot_s`` (timer lateness past the timeout)
    in the incident.  A cross-check uses the stack dump the daemon requests on
    detection (SIGUSR1): the mtime of the worker's ``stderr.log`` minus (the last
-   ready/progress/checkpoint event's ``time`` + the timeout).
+   ready/progress/checkpoint event's ``time`` + the timeout).  File times come
+   from the kernel's coarse clock (one tick), so the check is only good to a tick.
 4. Recovery: ``fail_after = 3`` with the default ``restart_backoff_s`` (0.5 s);
    recovery time is the failed attempt's last progress event to the first
    progress event of attempt 2, split into detection, backoff (``recovering``
@@ -69,6 +71,8 @@ import numpy as np
 RESULTS = Path(__file__).resolve().parent / "results" / "daemon.json"
 POLL_S = 0.01
 DROP_SPACING_S = 0.02
+ISOLATED_SPACING_S = 0.6
+SETTLE_S = 1.5  # before each intake round: let events the watcher still holds drain
 RESCAN_INTERVAL_S = 1.0
 DEFAULT_BACKOFF_S = 0.5
 ALIVE_EVENTS = ("ready", "progress", "checkpoint")
@@ -132,6 +136,13 @@ def last_time(events: list[Record], kinds: tuple[str, ...]) -> float | None:
     """The ``time`` of the last event of one of ``kinds``."""
     times = [e["time"] for e in events if e.get("event") in kinds]
     return times[-1] if times else None
+
+
+def need(value: float | None, job: str, what: str) -> float:
+    """``value``, which a run must have produced."""
+    if value is None:
+        raise RuntimeError(f"{job}: no {what} event")
+    return value
 
 
 def is_event(name: str, **fields: object) -> Match:
@@ -393,6 +404,11 @@ def table(measures: list[Measure]) -> str:
     return "\n".join(lines)
 
 
+def fmt(seconds: float | None) -> str:
+    """Seconds to three places, or '-'."""
+    return "-" if seconds is None else f"{seconds:.3f}"
+
+
 def median(values: list[float]) -> float | None:
     """The median, or None for no values."""
     return float(np.median(values)) if values else None
@@ -402,14 +418,16 @@ def median(values: list[float]) -> float | None:
 
 
 def intake_round(
-    daemon: Wardend, label: str, submit: Callable[[str, str], float], n: int
+    daemon: Wardend, label: str, submit: Callable[[str, str], float], n: int, spacing_s: float
 ) -> tuple[list[float], list[float], int]:
-    """Submit ``n`` jobs 20 ms apart; latencies to job.queued, submitted -> queued, missing."""
+    """Submit ``n`` jobs ``spacing_s`` apart; latencies to job.queued, submitted -> queued,
+    and how many never arrived."""
+    time.sleep(SETTLE_S)
     sent: dict[str, float] = {}
     for i in range(n):
         job_id = f"intake-{label}-{i:04d}"
         sent[job_id] = submit(f"{job_id}.toml", job_text(job_id))
-        time.sleep(DROP_SPACING_S)
+        time.sleep(spacing_s)
     queued: dict[str, float] = {}
     deadline = time.monotonic() + 30
     while len(queued) < n and time.monotonic() < deadline:
@@ -432,9 +450,14 @@ def bench_intake(base: Path, cache: Path, n: int) -> list[Measure]:
     with running(base / "intake", cache, "--max-concurrent", "1") as daemon:
         daemon.drop("hold.toml", job_text("hold", HOLD_JOB))
         daemon.wait_for(daemon.log, transition_to("hold", "running"), 180)
-        renamed, renamed_persist, renamed_missing = intake_round(daemon, "rename", daemon.drop, n)
-        written, written_persist, written_missing = intake_round(
-            daemon, "write", daemon.write_incoming, n
+        renamed, renamed_persist, renamed_missing = intake_round(
+            daemon, "rename", daemon.drop, n, DROP_SPACING_S
+        )
+        alone, _, alone_missing = intake_round(
+            daemon, "alone", daemon.write_incoming, max(2, min(20, n // 10)), ISOLATED_SPACING_S
+        )
+        written, _, written_missing = intake_round(
+            daemon, "write", daemon.write_incoming, n, DROP_SPACING_S
         )
     return [
         Measure(
@@ -449,13 +472,16 @@ def bench_intake(base: Path, cache: Path, n: int) -> list[Measure]:
             },
         ),
         Measure(
-            "intake: write in incoming (diagnostic)",
+            "intake diag: write in incoming, 20 ms apart",
             written,
             note="written directly in spool/incoming: the watcher's close-after-write path",
-            extra={
-                "missing": written_missing,
-                "submitted_to_queued_p50_s": median(written_persist),
-            },
+            extra={"missing": written_missing},
+        ),
+        Measure(
+            "intake diag: write in incoming, 0.6 s apart",
+            alone,
+            note="the same, spaced past watchdog's 0.5 s hold of unpaired IN_MOVED_FROM events",
+            extra={"missing": alone_missing},
         ),
     ]
 
@@ -561,20 +587,22 @@ def recovery_sample(daemon: Wardend, job_id: str, empty_cache: bool) -> Record:
     opened = daemon.wait_for(daemon.incidents, is_event("incident.opened", job=job_id))
     goodput = daemon.wait_for(daemon.incidents, is_event("incident.goodput", job=job_id), 5)
     failed, resumed = daemon.events(job_id, 1), daemon.events(job_id, 2)
-    last_progress = last_time(failed, ("progress",))
-    first_progress = first_time(resumed, "progress")
-    ready = first_time(resumed, "ready")
-    assert last_progress is not None
-    assert first_progress is not None
-    assert ready is not None
+    last_progress = need(last_time(failed, ("progress",)), job_id, "progress")
+    failed_at = need(first_time(failed, "failed"), job_id, "failed")
+    first_progress = need(first_time(resumed, "progress"), job_id, "resumed progress")
+    ready = need(first_time(resumed, "ready"), job_id, "resumed ready")
+    imported = need(first_time(resumed, "started"), job_id, "resumed started")
     return {
         "job": job_id,
         "final_state": done["target"],
         "recovery_s": first_progress - last_progress,
         "detect_s": stamp(exited) - last_progress,
+        "worker_teardown_s": stamp(exited) - failed_at,
+        "incident_s": stamp(recovering) - stamp(exited),
         "backoff_configured_s": opened["details"].get("backoff_s"),
         "backoff_s": stamp(started) - stamp(recovering),
         "spawn_to_ready_s": ready - stamp(started),
+        "spawn_to_started_s": imported - stamp(started),
         "ready_to_progress_s": first_progress - ready,
         "daemon_time_lost_s": goodput.get("time_lost_s"),
         "cache_files_at_failure": entries,
@@ -587,8 +615,11 @@ def recovery_measure(name: str, samples: list[Record], note: str) -> Measure:
     """A recovery row with its breakdown medians."""
     keys = (
         "detect_s",
+        "worker_teardown_s",
+        "incident_s",
         "backoff_s",
         "spawn_to_ready_s",
+        "spawn_to_started_s",
         "ready_to_progress_s",
         "daemon_time_lost_s",
     )
@@ -753,17 +784,21 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(base, ignore_errors=True)
     print()
     print(table(measures))
+    print()
+    print(f"recovery breakdown, p50 in s (restart_backoff_s = {DEFAULT_BACKOFF_S} s, the default):")
     for m in measures:
+        late = [
+            r["job"] for r in m.extra.get("runs", []) if r["cache_cleared_before_spawn"] is False
+        ]
+        if late:
+            print(f"  warning: cache emptied only after attempt 2 started in {', '.join(late)}")
         breakdown = m.extra.get("breakdown_p50_s")
         if breakdown:
-            parts = ", ".join(
-                f"{k.removesuffix('_s')} {v:.3f} s" for k, v in breakdown.items() if v is not None
+            print(f"  {m.name.removeprefix('recovery: ')}:")
+            print(
+                "    " + "  ".join(f"{k.removesuffix('_s')} {fmt(v)}" for k, v in breakdown.items())
             )
-            print(f"  {m.name}: p50 {parts}")
-    print(
-        f"  default restart_backoff_s = {DEFAULT_BACKOFF_S} s of each recovery is the backoff; "
-        f"roots on {fs}"
-    )
+    print(f"roots on {fs}; rescan interval {RESCAN_INTERVAL_S:g} s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "benchmark": "daemon",
@@ -779,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
         "measures": [m.as_record() for m in measures],
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    print(f"\nwrote {os.path.relpath(args.out)}")
     return 0
 
 

@@ -25,6 +25,12 @@ class Daemon:
         self.root = root
         self.cache = cache
         self.extra = extra
+        given = list(extra)
+        self.socket = (
+            Path(given[given.index("--socket") + 1])
+            if "--socket" in given
+            else root / "control.sock"
+        )
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30) -> Daemon:
@@ -57,7 +63,7 @@ class Daemon:
 
     def ask(self, cmd: str, **args: Any) -> Any:
         """One control request."""
-        return client.request(self.root / "control.sock", cmd, **args)
+        return client.request(self.socket, cmd, **args)
 
     def drop(self, name: str, text: str | bytes) -> Path:
         """Write a request in spool/tmp and rename it into spool/incoming."""
