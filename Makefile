@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -31,7 +31,9 @@ bench: setup
 	$(BIN)/python bench/daemon.py
 
 constraints: setup
-	$(BIN)/pip freeze --exclude-editable | sort -f > constraints.new && mv constraints.new constraints.txt
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,bench]'
+	{ head -n 2 constraints.txt; $(BIN)/pip freeze --exclude-editable | sort -f; } > constraints.new
+	mv constraints.new constraints.txt
 
 clean:
 	rm -rf $(VENV) out

@@ -293,7 +293,7 @@ def cmd_shutdown(args: argparse.Namespace) -> int:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    """Rehearse a failure through a daemon; exit 0 only if every check held."""
+    """Rehearse failures through a daemon; exit 0 only if every check of every drill held."""
     from jobwarden.control import drill
 
     params = drill.DrillParams(
@@ -304,13 +304,24 @@ def cmd_drill(args: argparse.Namespace) -> int:
         stall_at=args.stall_at,
         task=args.task,
     )
+    names = list(drill.DRILLS) if args.drill == "all" else [args.drill]
     root = Path(args.root) if args.root else None
-    result = drill.run_drill(args.drill, root, Path(args.out), params)
+    results = drill.run_drills(names, root, Path(args.out), params)
     if args.json:
-        _print(result.as_record(), True, str)
+        records = [r.as_record() for r in results]
+        _print(
+            records[0]
+            if len(records) == 1
+            else {"ok": all(r.ok for r in results), "drills": records},
+            True,
+            str,
+        )
     else:
-        sys.stdout.write(drill.render(result) + "\n")
-    return EXIT_OK if result.ok else EXIT_REFUSED
+        sys.stdout.write("\n\n".join(drill.render(r) for r in results) + "\n")
+        if len(results) > 1:
+            passed = sum(r.ok for r in results)
+            sys.stdout.write(f"\n{passed}/{len(results)} drills passed\n")
+    return EXIT_OK if all(r.ok for r in results) else EXIT_REFUSED
 
 
 def cmd_version(args: argparse.Namespace) -> int:
@@ -361,7 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     runbook.set_defaults(func=cmd_runbook)
 
     drill = commands.add_parser("drill", help="rehearse a failure and verify the recovery")
-    drill.add_argument("drill", choices=["crash"])
+    drill.add_argument(
+        "drill", choices=["crash", "stall", "duplicate-writer", "corrupt", "incompatible", "all"]
+    )
     drill.add_argument("--out", default="drill-evidence", help="evidence folder")
     drill.add_argument("--json", action="store_true")
     drill.add_argument("--seed", type=int, default=3)

@@ -13,12 +13,21 @@ import os
 import sys
 from pathlib import Path
 
+from jobwarden.checkpoint.lock import WriterLock
 from jobwarden.errors import JobwardenError
 from jobwarden.events import Emitter, SupervisorGone
 from jobwarden.jobfile import load_job
 from jobwarden.worker.runtime import pin_environment
 
 CACHE_ENV = "JOBWARDEN_COMPILE_CACHE"
+
+
+def report(emitter: Emitter, error: JobwardenError) -> int:
+    """Tell the supervisor (a failed event) and the human (stderr); return the exit status."""
+    sys.stderr.write(f"jobwarden worker: {error.code}: {error.message}\n")
+    with contextlib.suppress(SupervisorGone):
+        emitter.emit("failed", exit_status=error.exit_status, **error.as_record())
+    return error.exit_status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,15 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job = load_job(args.job)
     except JobwardenError as error:
-        sys.stderr.write(f"jobwarden worker: {error.message}\n")
-        with contextlib.suppress(SupervisorGone):
-            emitter.emit("failed", exit_status=error.exit_status, **error.as_record())
-        return error.exit_status
+        return report(emitter, error)
+    directory = args.checkpoint_dir.absolute()
+    try:
+        lock = WriterLock(directory).acquire()
+    except JobwardenError as error:
+        return report(emitter, error)
     pin_environment()
     from jobwarden.worker.loop import run_attempt
 
     cache = Path(args.compile_cache) if args.compile_cache else None
-    return run_attempt(job, args.checkpoint_dir.absolute(), emitter, cache)
+    return run_attempt(job, directory, emitter, lock, cache)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from jobwarden import state as state_tree
 from jobwarden.checkpoint.format import Manifest, Provenance, leaf_specs
@@ -42,6 +43,9 @@ from jobwarden.worker.faults import FaultPlan
 from jobwarden.worker.runtime import SUPERVISOR_ENV, enable_compilation_cache, runtime_identity
 
 PR_SET_PDEATHSIG = 1
+# A deliberately broken recovery, for tests that prove a drill fails when a restore is
+# wrong (it is a weights-only restore). Never set it outside the test suite.
+TEST_FAULT_ENV = "JOBWARDEN_TEST_FAULT"
 
 
 class Preemption:
@@ -140,13 +144,13 @@ def expected_for(job: Job, data: dict[str, Any], template: State, generation: in
 
 
 def run_attempt(
-    job: Job, directory: Path, emitter: Emitter, compile_cache: Path | None = None
+    job: Job, directory: Path, emitter: Emitter, lock: WriterLock, compile_cache: Path | None = None
 ) -> int:
-    """Run one attempt; returns the process exit status."""
+    """Run one attempt holding ``lock`` (the directory's writer lock); returns the exit status."""
     preemption = Preemption()
     preemption.install()
     try:
-        return _run(job, directory, emitter, compile_cache, preemption)
+        return _run(job, directory, emitter, lock, compile_cache, preemption)
     except JobwardenError as error:
         return _report_failure(emitter, error)
     except SupervisorGone:
@@ -171,7 +175,12 @@ def _report_failure(emitter: Emitter, error: JobwardenError) -> int:
 
 
 def _run(
-    job: Job, directory: Path, emitter: Emitter, compile_cache: Path | None, preemption: Preemption
+    job: Job,
+    directory: Path,
+    emitter: Emitter,
+    lock: WriterLock,
+    compile_cache: Path | None,
+    preemption: Preemption,
 ) -> int:
     if compile_cache is not None:
         enable_compilation_cache(compile_cache)
@@ -185,7 +194,6 @@ def _run(
         task=job.task,
         checkpoint_dir=str(directory),
     )
-    lock = WriterLock(directory).acquire()
     task = job.task_instance()
     data = task.data()
     template = task.init_state(data)
@@ -212,6 +220,11 @@ def _run(
         restored = selection.checkpoint
         state = state_tree.unflatten_like(template, restored.arrays)
         step = restored.manifest.step
+        if os.environ.get(TEST_FAULT_ENV) == "zero_opt_state_on_restore":
+            state = {
+                **state,
+                "opt_state": jax.tree_util.tree_map(jnp.zeros_like, state["opt_state"]),
+            }
         emitter.emit(
             "restored",
             step=step,
