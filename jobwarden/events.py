@@ -7,13 +7,17 @@ a line into an `Event` or a `Malformed` kept as evidence; it never raises.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+from jobwarden.errors import JobwardenError
 
 SCHEMA_VERSION = 1
 
@@ -151,3 +155,13 @@ class Emitter:
         except (BrokenPipeError, ValueError, OSError) as error:
             self.broken = True
             raise SupervisorGone(kind) from error
+
+    def failed(self, error: JobwardenError) -> int:
+        """Report a refusal: a ``failed`` event (if anyone reads) and a line on stderr.
+
+        Returns the error's exit status.
+        """
+        sys.stderr.write(f"jobwarden worker: {error.code}: {error.message}\n")
+        with contextlib.suppress(SupervisorGone):
+            self.emit("failed", exit_status=error.exit_status, **error.as_record())
+        return error.exit_status

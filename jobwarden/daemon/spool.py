@@ -31,6 +31,7 @@ from jobwarden.errors import JobFileError
 from jobwarden.jobfile import MAX_JOB_FILE_BYTES, Job, format_of, job_from_bytes
 
 log = structlog.get_logger("wardend.spool")
+RESCAN_SETTLE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -64,22 +65,58 @@ class SpoolHandler(FileSystemEventHandler):
 
 
 def watch(root: Root, enqueue: Callable[[Path], None]) -> Any:
-    """Start a watchdog observer on ``spool/incoming``; returns it (call ``.stop()``)."""
+    """Start a watchdog observer on the whole spool; returns it (call ``.stop()``).
+
+    The whole spool is watched, not only ``incoming``, so that every rename the
+    spool sees (tmp -> incoming by writers, incoming -> claimed -> rejected by
+    the daemon) has both halves inside the watch.  watchdog holds a rename
+    whose other half it never sees for half a second to pair it, and every
+    later event waits behind it; accepted requests therefore leave the spool
+    by link and unlink, not by rename.  A file renamed in from outside the
+    spool is only an unpaired "created" event, indistinguishable from a file
+    still being written: the rescan picks it up.
+    """
     observer = Observer()
-    observer.schedule(SpoolHandler(root.incoming, enqueue), str(root.incoming), recursive=False)
+    observer.schedule(
+        SpoolHandler(root.incoming, enqueue), str(root.incoming.parent), recursive=True
+    )
     observer.daemon = True
     observer.start()
     return observer
 
 
-def pending_requests(root: Root) -> list[Path]:
-    """Requests waiting in incoming and leftovers in claimed, oldest first."""
+def pending_requests(root: Root, settle_s: float = RESCAN_SETTLE_S) -> list[Path]:
+    """Requests waiting in incoming and leftovers in claimed, oldest first.
+
+    A file in incoming modified less than ``settle_s`` ago is left for its
+    watch event or the next scan: it may still be being written by a writer
+    that ignores the tmp-then-rename discipline.
+    """
     found = []
+    now = time.time_ns()
     for folder in (root.claimed, root.incoming):
         for entry in os.scandir(folder):
-            if not entry.name.startswith("."):
-                found.append((entry.stat(follow_symlinks=False).st_mtime_ns, Path(entry.path)))
+            if entry.name.startswith("."):
+                continue
+            mtime = entry.stat(follow_symlinks=False).st_mtime_ns
+            if folder == root.incoming and now - mtime < settle_s * 1e9:
+                continue
+            found.append((mtime, Path(entry.path)))
     return [path for _, path in sorted(found)]
+
+
+ALREADY_ACCEPTED = "already accepted"
+
+
+def _same_file(claimed: Path, folder: Path) -> bool:
+    """Whether a claimed file is the request a job folder already holds (a crash between
+    the accepting link and unlink)."""
+    mine = os.lstat(claimed)
+    for request in folder.glob("request.*"):
+        theirs = os.lstat(request)
+        if (theirs.st_dev, theirs.st_ino) == (mine.st_dev, mine.st_ino):
+            return True
+    return False
 
 
 class Spool:
@@ -105,6 +142,9 @@ class Spool:
         problems, job = self._validate(claimed, name)
         if job is not None:
             return self._accept(claimed, job)
+        if problems == [ALREADY_ACCEPTED]:
+            claimed.unlink()
+            return None
         return self._reject(claimed, name, problems)
 
     def _validate(self, claimed: Path, name: str) -> tuple[list[str], Job | None]:
@@ -125,13 +165,16 @@ class Spool:
         except JobFileError as error:
             return error.problems, None
         if self.known(job.id) or self.root.job(job.id).exists():
+            if _same_file(claimed, self.root.job(job.id)):
+                return [ALREADY_ACCEPTED], None
             return [f"id: duplicate job id {job.id!r}: a job with this id already exists"], None
         return [], job
 
     def _accept(self, claimed: Path, job: Job) -> Job:
         folder = self.root.job(job.id)
         folder.mkdir()
-        os.rename(claimed, folder / f"request{claimed.suffix or '.toml'}")
+        os.link(claimed, folder / f"request{claimed.suffix or '.toml'}")
+        claimed.unlink()
         write_text_atomic(folder / "job.json", json.dumps(job.to_record(), indent=2) + "\n")
         return job
 

@@ -8,26 +8,17 @@ set here, before JAX is imported.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from pathlib import Path
 
 from jobwarden.checkpoint.lock import WriterLock
 from jobwarden.errors import JobwardenError
-from jobwarden.events import Emitter, SupervisorGone
+from jobwarden.events import Emitter
 from jobwarden.jobfile import load_job
 from jobwarden.worker.runtime import pin_environment
 
 CACHE_ENV = "JOBWARDEN_COMPILE_CACHE"
-
-
-def report(emitter: Emitter, error: JobwardenError) -> int:
-    """Tell the supervisor (a failed event) and the human (stderr); return the exit status."""
-    sys.stderr.write(f"jobwarden worker: {error.code}: {error.message}\n")
-    with contextlib.suppress(SupervisorGone):
-        emitter.emit("failed", exit_status=error.exit_status, **error.as_record())
-    return error.exit_status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,12 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job = load_job(args.job)
     except JobwardenError as error:
-        return report(emitter, error)
+        return emitter.failed(error)
     directory = args.checkpoint_dir.absolute()
     try:
         lock = WriterLock(directory).acquire()
     except JobwardenError as error:
-        return report(emitter, error)
+        return emitter.failed(error)
     pin_environment()
     from jobwarden.worker.loop import run_attempt
 

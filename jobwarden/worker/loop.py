@@ -8,7 +8,6 @@ broken stdout means the supervisor is gone and is treated the same way.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import faulthandler
 import os
@@ -150,9 +149,11 @@ def run_attempt(
     preemption = Preemption()
     preemption.install()
     try:
-        return _run(job, directory, emitter, lock, compile_cache, preemption)
+        return _run(
+            job, directory, emitter, lock, compile_cache=compile_cache, preemption=preemption
+        )
     except JobwardenError as error:
-        return _report_failure(emitter, error)
+        return emitter.failed(error)
     except SupervisorGone:
         sys.stderr.write("jobwarden worker: stdout closed before any state existed; exiting\n")
         return PreemptedExit.exit_status
@@ -164,14 +165,7 @@ def run_attempt(
             exception=type(error).__name__,
             traceback=trace[-2000:],
         )
-        return _report_failure(emitter, internal)
-
-
-def _report_failure(emitter: Emitter, error: JobwardenError) -> int:
-    sys.stderr.write(f"jobwarden worker: {error.code}: {error.message}\n")
-    with contextlib.suppress(SupervisorGone):
-        emitter.emit("failed", exit_status=error.exit_status, **error.as_record())
-    return error.exit_status
+        return emitter.failed(internal)
 
 
 def _run(
@@ -179,6 +173,7 @@ def _run(
     directory: Path,
     emitter: Emitter,
     lock: WriterLock,
+    *,
     compile_cache: Path | None,
     preemption: Preemption,
 ) -> int:

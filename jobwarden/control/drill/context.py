@@ -331,6 +331,7 @@ class Drill:
             import matplotlib
 
             matplotlib.use("Agg")
+            matplotlib.rcParams["svg.fonttype"] = "none"  # keep labels as searchable text
             import matplotlib.pyplot as plt
         except ImportError:
             return None
@@ -341,6 +342,7 @@ class Drill:
         axes.plot(
             steps,
             [r["reference_loss"] for r in rows if r["reference_loss"] is not None],
+            gid="uninterrupted",
             color="#1f77b4",
             linewidth=3,
             alpha=0.6,
@@ -349,6 +351,7 @@ class Drill:
         axes.plot(
             steps,
             [r["resumed_loss"] for r in rows if r["reference_loss"] is not None],
+            gid="restored",
             color="#d62728",
             linestyle="--",
             marker="o",

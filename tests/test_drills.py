@@ -1,0 +1,126 @@
+"""wardenctl drill from the operator's chair: every drill passes, and a broken recovery fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+WARDENCTL = [sys.executable, "-m", "jobwarden.control.cli"]
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def drill(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run wardenctl drill with ``args``."""
+    return subprocess.run(
+        [*WARDENCTL, "drill", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=env,
+    )
+
+
+def series(svg: Path, gid: str) -> list[tuple[float, float]]:
+    """The points of one plotted line of loss.svg."""
+    group = next(g for g in ET.parse(svg).iter(f"{SVG}g") if g.get("id") == gid)
+    path = next(group.iter(f"{SVG}path"))
+    numbers = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?", path.get("d", ""))]
+    return list(zip(numbers[0::2], numbers[1::2], strict=True))
+
+
+def test_all_drills_pass_in_one_private_daemon(tmp_path: Path) -> None:
+    """drill all: five drills, one daemon, every check held, evidence kept for each."""
+    done = drill("all", "--out", str(tmp_path), "--json")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["ok"] is True
+    drills = {d["drill"]: d for d in report["drills"]}
+    assert list(drills) == ["crash", "stall", "duplicate-writer", "corrupt", "incompatible"]
+    crash = drills["crash"]
+    assert crash["restored_step"] == 2
+    assert crash["replayed_steps"] == [3, 4, 5, 6, 7, 8]
+    assert crash["all_hashes_equal"] is True
+    assert len({p.name for p in (tmp_path / "root" / "jobs").iterdir()}) >= 10
+    for name in drills:
+        folder = tmp_path / name
+        for evidence in (
+            "timeline.json",
+            "accepted-checkpoint.json",
+            "refusals.json",
+            "verdict.json",
+            "loss.svg",
+        ):
+            assert (folder / evidence).is_file(), (name, evidence)
+        assert list(folder.glob("runbook-*.md")), name
+        assert json.loads((folder / "verdict.json").read_text())["ok"] is True
+    rows = json.loads((tmp_path / "crash" / "comparison.json").read_text())
+    assert [r["step"] for r in rows] == [3, 4, 5, 6, 7, 8]
+    assert all(r["equal"] and r["resumed_loss"] == r["reference_loss"] for r in rows)
+    svg = tmp_path / "crash" / "loss.svg"
+    reference, restored = series(svg, "uninterrupted"), series(svg, "restored")
+    assert len(reference) == len(restored) == 6
+    assert reference == restored
+    text = svg.read_text()
+    assert "uninterrupted" in text
+    assert "restored continuation" in text
+    stall = drills["stall"]
+    assert stall["restored_step"] == 4
+    assert 2.0 <= stall["detected_gap_s"] <= 2.25
+    refusals = json.loads((tmp_path / "incompatible" / "refusals.json").read_text())
+    assert refusals["failed_event"]["fields"] == {"learning_rate": [0.04, 0.05]}
+
+
+def test_the_lesson_exercise_through_the_daemon(tmp_path: Path) -> None:
+    """drill crash --seed 9 --checkpoint-every 3 --fail-after 5: restored 3, final state equal."""
+    done = drill(
+        "crash",
+        "--seed",
+        "9",
+        "--checkpoint-every",
+        "3",
+        "--fail-after",
+        "5",
+        "--out",
+        str(tmp_path),
+        "--json",
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    verdict = json.loads(done.stdout)
+    assert verdict["restored_step"] == 3
+    assert verdict["replayed_steps"] == [4, 5, 6, 7, 8]
+    checks = {c["name"]: c for c in verdict["checks"]}
+    assert checks["final checkpoints are equal"]["ok"] is True
+
+
+@pytest.mark.parametrize("fault", ["zero_opt_state_on_restore"])
+def test_a_broken_recovery_fails_the_drill_and_names_the_check(tmp_path: Path, fault: str) -> None:
+    """With velocity zeroed on restore (a test-only fault), the crash drill fails and says why."""
+    env = {**os.environ, "JOBWARDEN_TEST_FAULT": fault}
+    done = drill("crash", "--out", str(tmp_path), env=env)
+    assert done.returncode == 1
+    assert "verdict: FAIL" in done.stdout
+    verdict = json.loads((tmp_path / "crash" / "verdict.json").read_text())
+    assert (
+        "the daemon opened a crash incident and verified the replay against the failed "
+        "attempt's log" in verdict["failed_checks"]
+    )
+    assert "every resumed update's full state equals the reference's" in verdict["failed_checks"]
+    assert "job completed" in verdict["failed_checks"]
+    incident = json.loads(
+        (
+            tmp_path
+            / "crash"
+            / next(p.name for p in (tmp_path / "crash").glob("incidents-*-crash.json"))
+        ).read_text()
+    )[0]
+    assert incident["status"] == "escalated"
+    assert incident["verification"]["verdict"] == "mismatch"
+    assert incident["verification"]["checks"][-1]["what"] == "restored state"
