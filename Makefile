@@ -26,9 +26,10 @@ lint: setup
 	$(BIN)/mypy
 
 bench: setup
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[bench]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,bench]'
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/daemon.py
+	$(BIN)/python bench/control.py
 
 constraints: setup
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,bench]'
