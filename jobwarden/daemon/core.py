@@ -24,7 +24,7 @@ from jobwarden import __version__
 from jobwarden.checkpoint.atomic import write_text_atomic
 from jobwarden.checkpoint.store import CheckpointStore
 from jobwarden.control.protocol import ControlError
-from jobwarden.daemon import commands, spool
+from jobwarden.daemon import commands, notify, spool
 from jobwarden.daemon.incidents import Incident, IncidentLog
 from jobwarden.daemon.jobs import JobRecord, JobTable
 from jobwarden.daemon.layout import Root
@@ -60,6 +60,9 @@ ESCALATE = {
     **dict.fromkeys(INCOMPATIBLE, "incompatible_checkpoint"),
 }
 STALL_KILL_GRACE_S = 1.0
+# A test-only fault: block the loop on SIGUSR2, to show watchdog pings come from the loop.
+TEST_FAULT_ENV = "JOBWARDEN_TEST_FAULT"
+BLOCK_S = 2.0
 STACK_DUMP_WAIT_S = 0.3
 ORPHAN_WAIT_S = 60.0
 
@@ -123,6 +126,8 @@ class Wardend:
         self.relaunch: dict[str, asyncio.TimerHandle] = {}
         self.incident_kinds: dict[str, int] = {}
         self.checkpoint_totals: dict[str, float] = {"count": 0, "bytes": 0, "seconds": 0.0}
+        self.notifier = notify.Notifier()
+        self.last_status = ""
         self.server = ControlServer(
             options.socket or root.socket,
             commands.handlers(self),
@@ -137,6 +142,8 @@ class Wardend:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopping.set)
+        if os.environ.get(TEST_FAULT_ENV) == "block_loop_on_sigusr2":
+            loop.add_signal_handler(signal.SIGUSR2, time.sleep, BLOCK_S)
         self._resume_from_disk()
 
         def enqueue(path: Path) -> None:
@@ -148,6 +155,10 @@ class Wardend:
         await self.server.start()
         self._spawn(self._every(self.options.rescan_interval_s, self._rescan))
         self._spawn(self._every(self.options.sample_interval_s, self._sample))
+        interval = self.notifier.watchdog_interval_s
+        if interval is not None:
+            self._spawn(self._watchdog(interval))
+        self.notifier.ready(self._status_line())
         log.info(
             "wardend.ready",
             root=str(self.root.path),
@@ -183,8 +194,15 @@ class Wardend:
             await asyncio.sleep(interval)
             action()
 
+    async def _watchdog(self, interval: float) -> None:
+        """Ping systemd from the loop itself, shutdown included, until cancelled."""
+        while True:
+            self.notifier.watchdog()
+            await asyncio.sleep(interval)
+
     async def _shutdown(self) -> None:
         self.shutting_down = True
+        self.notifier.stopping(f"stopping; preempting {len(self.live)} worker(s)")
         for timer in self.relaunch.values():
             timer.cancel()
         self.relaunch.clear()
@@ -269,7 +287,7 @@ class Wardend:
                 worker_argv(
                     job_file, checkpoint_dir, self.options.compile_cache or self.root.cache
                 ),
-                dict(os.environ),
+                notify.child_environment(os.environ),
             )
             loop = asyncio.get_running_loop()
             attempt = Attempt(
@@ -970,7 +988,18 @@ class Wardend:
 
     # ---- sampling
 
+    def _status_line(self) -> str:
+        counts: dict[str, int] = {}
+        for record in self.table:
+            counts[record.state.value] = counts.get(record.state.value, 0) + 1
+        jobs = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no jobs"
+        return f"{jobs}; {len(self.live)} worker(s) live"
+
     def _sample(self) -> None:
+        status = self._status_line()
+        if status != self.last_status:
+            self.last_status = status
+            self.notifier.status(status)
         for attempt in list(self.live.values()):
             sample = attempt.process.sample()
             attempt.record.sample = sample
