@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench constraints clean
+.PHONY: setup demo test lint bench constraints clean install uninstall unit-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,18 @@ constraints: setup
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,bench]'
 	{ head -n 2 constraints.txt; $(BIN)/pip freeze --exclude-editable | sort -f; } > constraints.new
 	mv constraints.new constraints.txt
+
+install:
+	systemd/install.sh install
+
+uninstall:
+	systemd/install.sh uninstall
+
+# The unit as installed (ExecStart pointing at this checkout's wardend), verified and scored.
+unit-check: setup
+	sed "s|/opt/jobwarden/venv|$(CURDIR)/.venv|g" systemd/wardend.service > .venv/wardend.service
+	systemd-analyze verify .venv/wardend.service
+	systemd-analyze security --offline=true --threshold=20 .venv/wardend.service
 
 clean:
 	rm -rf $(VENV) out

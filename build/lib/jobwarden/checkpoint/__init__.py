@@ -1,0 +1,1 @@
+"""Complete-state checkpoints: container format, atomic commit, store, validation, writer lock."""

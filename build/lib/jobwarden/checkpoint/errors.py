@@ -1,0 +1,156 @@
+"""Checkpoint refusals: each has its own code and exit status and names what differed.
+
+Two families decide what recovery may do next.  A `CorruptCheckpoint` is
+accidental damage: the file is quarantined and an older checkpoint may be used.
+An `IncompatibleCheckpoint` is a sound file from a different experiment or
+runtime: the attempt stops, with no fallback and no relaxed checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobwarden.errors import JobwardenError
+
+
+class CheckpointError(JobwardenError):
+    """Raised when a checkpoint file is refused; ``path`` names the file."""
+
+    code = "checkpoint.error"
+    exit_status = 19
+
+    def __init__(self, path: str, message: str, **evidence: Any) -> None:
+        super().__init__(f"{path}: {message}", path=path, **evidence)
+        self.path = path
+
+
+class CorruptCheckpoint(CheckpointError):
+    """Raised for accidental damage; the store quarantines the file and falls back."""
+
+    code = "checkpoint.corrupt"
+
+
+class UnreadableCheckpoint(CorruptCheckpoint):
+    """Raised when the file cannot be opened or its safetensors header is malformed."""
+
+    code = "checkpoint.unreadable"
+    exit_status = 20
+
+
+class TruncatedCheckpoint(CorruptCheckpoint):
+    """Raised when the file is shorter than its header says it must be."""
+
+    code = "checkpoint.truncated"
+    exit_status = 21
+
+
+class ChecksumMismatch(CorruptCheckpoint):
+    """Raised when the recomputed checksum differs from the one stored in the manifest."""
+
+    code = "checkpoint.checksum"
+    exit_status = 22
+
+
+class IncompatibleCheckpoint(CheckpointError):
+    """Raised for a sound file that is not this experiment's; recovery escalates."""
+
+    code = "checkpoint.incompatible"
+
+    def __init__(
+        self,
+        path: str,
+        field: str,
+        saved: Any,
+        requested: Any,
+        message: str | None = None,
+        **evidence: Any,
+    ) -> None:
+        text = message or f"{field} differs: saved {saved!r}, requested {requested!r}"
+        super().__init__(path, text, field=field, saved=saved, requested=requested, **evidence)
+        self.field = field
+        self.saved = saved
+        self.requested = requested
+
+
+class SchemaMismatch(IncompatibleCheckpoint):
+    """Raised when the checkpoint was written under another schema version."""
+
+    code = "checkpoint.schema"
+    exit_status = 23
+
+
+class SourceMismatch(IncompatibleCheckpoint):
+    """Raised when the worker and task source that define the update changed."""
+
+    code = "checkpoint.source"
+    exit_status = 24
+
+
+class ConfigMismatch(IncompatibleCheckpoint):
+    """Raised when training fields differ; ``fields`` lists each with both values."""
+
+    code = "checkpoint.config"
+    exit_status = 25
+
+
+class DataMismatch(IncompatibleCheckpoint):
+    """Raised when the training data hash differs."""
+
+    code = "checkpoint.data"
+    exit_status = 26
+
+
+class RuntimeMismatch(IncompatibleCheckpoint):
+    """Raised when python, jax, jaxlib, numpy, backend or XLA flags differ."""
+
+    code = "checkpoint.runtime"
+    exit_status = 27
+
+
+class TreeMismatch(IncompatibleCheckpoint):
+    """Raised when the saved state's leaf paths differ from the task's state."""
+
+    code = "checkpoint.tree"
+    exit_status = 28
+
+
+class ShapeMismatch(IncompatibleCheckpoint):
+    """Raised when a saved leaf has another shape than the task's state."""
+
+    code = "checkpoint.shape"
+    exit_status = 29
+
+
+class DtypeMismatch(IncompatibleCheckpoint):
+    """Raised when a saved leaf has another dtype than the task's state."""
+
+    code = "checkpoint.dtype"
+    exit_status = 30
+
+
+class StepOutOfRange(IncompatibleCheckpoint):
+    """Raised when the saved step is negative, past the requested steps, or mislabelled."""
+
+    code = "checkpoint.step_range"
+    exit_status = 31
+
+
+class NonFiniteState(IncompatibleCheckpoint):
+    """Raised when a saved floating-point leaf holds NaN or infinity."""
+
+    code = "checkpoint.non_finite"
+    exit_status = 32
+
+
+class GenerationFenced(IncompatibleCheckpoint):
+    """Raised when a checkpoint names a writer generation newer than the directory's."""
+
+    code = "checkpoint.generation"
+    exit_status = 33
+
+
+class NoUsableCheckpoint(CheckpointError):
+    """Raised when the directory held checkpoints but every one was quarantined."""
+
+    code = "checkpoint.none_usable"
+    exit_status = 13

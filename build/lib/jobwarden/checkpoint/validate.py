@@ -1,0 +1,189 @@
+"""Compatibility checks on restore: each refusal names the field and both values.
+
+Run after `format.read` has proven the file undamaged.  The order follows what
+an operator needs to hear first: the code and experiment identity, then the
+runtime, then the structure and values of the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from jobwarden.checkpoint.errors import (
+    ConfigMismatch,
+    DataMismatch,
+    DtypeMismatch,
+    GenerationFenced,
+    NonFiniteState,
+    RuntimeMismatch,
+    ShapeMismatch,
+    SourceMismatch,
+    StepOutOfRange,
+    TreeMismatch,
+)
+from jobwarden.checkpoint.format import Checkpoint, LeafSpec
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the restoring attempt requires of a checkpoint."""
+
+    task: str
+    train: Mapping[str, Any]
+    config_hash: str
+    data_hash: str
+    source_hash: str
+    runtime: Mapping[str, str]
+    leaves: tuple[LeafSpec, ...]
+    max_step: int
+    generation: int
+
+
+CHECKS = (
+    "readable",
+    "checksum",
+    "schema",
+    "source",
+    "config",
+    "data",
+    "runtime",
+    "generation",
+    "tree",
+    "shape",
+    "dtype",
+    "step_range",
+    "finite",
+)
+
+
+def differing(saved: Mapping[str, Any], requested: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """Every key whose value differs, mapped to [saved, requested]."""
+    return {
+        key: [saved.get(key), requested.get(key)]
+        for key in sorted(set(saved) | set(requested))
+        if saved.get(key) != requested.get(key)
+    }
+
+
+def validate(checkpoint: Checkpoint, expected: Expected, step_from_name: int) -> tuple[str, ...]:
+    """Raise the first `IncompatibleCheckpoint` that applies; return the checks passed."""
+    path = str(checkpoint.path)
+    manifest = checkpoint.manifest
+    prov = manifest.provenance
+    if prov.source_hash != expected.source_hash:
+        raise SourceMismatch(path, "source_hash", prov.source_hash, expected.source_hash)
+    fields = differing(
+        {"task": manifest.task, **manifest.train}, {"task": expected.task, **expected.train}
+    )
+    if fields:
+        listing = ", ".join(f"{k} (saved {v[0]!r}, requested {v[1]!r})" for k, v in fields.items())
+        raise ConfigMismatch(
+            path,
+            ",".join(fields),
+            {k: v[0] for k, v in fields.items()},
+            {k: v[1] for k, v in fields.items()},
+            message=f"training config differs: {listing}",
+            fields=fields,
+        )
+    if prov.config_hash != expected.config_hash:
+        raise ConfigMismatch(path, "config_hash", prov.config_hash, expected.config_hash)
+    if prov.data_hash != expected.data_hash:
+        raise DataMismatch(path, "data_hash", prov.data_hash, expected.data_hash)
+    runtime = differing(prov.runtime, expected.runtime)
+    if runtime:
+        listing = ", ".join(f"{k} (saved {v[0]!r}, running {v[1]!r})" for k, v in runtime.items())
+        raise RuntimeMismatch(
+            path,
+            ",".join(runtime),
+            {k: v[0] for k, v in runtime.items()},
+            {k: v[1] for k, v in runtime.items()},
+            message=f"runtime differs: {listing}",
+            fields=runtime,
+        )
+    if prov.writer_generation > expected.generation:
+        raise GenerationFenced(
+            path,
+            "writer_generation",
+            prov.writer_generation,
+            expected.generation,
+            message=(
+                f"written by writer generation {prov.writer_generation}, newer "
+                f"than the directory's {expected.generation}"
+            ),
+        )
+    saved_paths = [leaf.path for leaf in manifest.leaves]
+    wanted_paths = [leaf.path for leaf in expected.leaves]
+    if saved_paths != wanted_paths:
+        missing = sorted(set(wanted_paths) - set(saved_paths))
+        extra = sorted(set(saved_paths) - set(wanted_paths))
+        raise TreeMismatch(
+            path,
+            "leaves",
+            saved_paths,
+            wanted_paths,
+            message=(
+                f"state tree differs: missing {missing}, unexpected {extra}"
+                + ("" if missing or extra else ", same leaves in another order")
+            ),
+        )
+    for saved, wanted in zip(manifest.leaves, expected.leaves, strict=True):
+        if saved.shape != wanted.shape:
+            raise ShapeMismatch(
+                path,
+                saved.path,
+                list(saved.shape),
+                list(wanted.shape),
+                message=f"{saved.path} shape differs: saved {list(saved.shape)}, "
+                f"requested {list(wanted.shape)}",
+            )
+    for saved, wanted in zip(manifest.leaves, expected.leaves, strict=True):
+        if saved.dtype != wanted.dtype:
+            raise DtypeMismatch(
+                path,
+                saved.path,
+                saved.dtype,
+                wanted.dtype,
+                message=f"{saved.path} dtype differs: saved {saved.dtype}, "
+                f"requested {wanted.dtype}",
+            )
+    if manifest.step != step_from_name:
+        raise StepOutOfRange(
+            path,
+            "step",
+            manifest.step,
+            step_from_name,
+            message=(
+                f"manifest step {manifest.step} disagrees with the file name's step "
+                f"{step_from_name}"
+            ),
+        )
+    if not 0 <= manifest.step <= expected.max_step:
+        raise StepOutOfRange(
+            path,
+            "step",
+            manifest.step,
+            expected.max_step,
+            message=(
+                f"saved step {manifest.step} is outside 0..{expected.max_step} "
+                "(the requested steps)"
+            ),
+        )
+    for leaf_path, array in checkpoint.leaves():
+        if np.issubdtype(array.dtype, np.inexact) or array.dtype.name == "bfloat16":
+            finite = np.isfinite(
+                array.astype(np.float32) if array.dtype.name == "bfloat16" else array
+            )
+            if not bool(finite.all()):
+                bad = int(np.size(finite) - np.count_nonzero(finite))
+                raise NonFiniteState(
+                    path,
+                    leaf_path,
+                    f"{bad} non-finite value(s)",
+                    "all finite",
+                    message=f"{leaf_path} holds {bad} non-finite value(s)",
+                )
+    return CHECKS

@@ -1,0 +1,1 @@
+"""The operator's side: wardenctl and the tools it runs (verify, inspect)."""

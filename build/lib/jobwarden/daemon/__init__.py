@@ -1,0 +1,1 @@
+"""wardend, the supervisor daemon (spool intake, job state machine, recovery)."""

@@ -1,0 +1,194 @@
+"""The daemon's answers to control requests (docs/protocol.md lists them).
+
+Each handler takes the request's ``args`` and returns JSON-ready data or
+raises `ControlError`; they run on the daemon's loop, and the slow ones
+(reading checkpoint files) hand their work to a thread and return an awaitable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jobwarden import __version__
+from jobwarden.control.inspect import directory_verdicts
+from jobwarden.control.protocol import PROTOCOL_VERSION, ControlError
+from jobwarden.daemon import metrics
+from jobwarden.daemon.jobs import JobRecord
+from jobwarden.daemon.states import NEEDS_ATTENTION
+
+if TYPE_CHECKING:
+    from jobwarden.daemon.core import Wardend
+
+Handler = Any
+EVENTS_PER_REQUEST = 2000
+
+
+def handlers(daemon: Wardend) -> dict[str, Handler]:
+    """Every command, bound to ``daemon``."""
+    return {
+        "status": lambda args: status(daemon, args),
+        "incidents": lambda args: incidents(daemon, args),
+        "runbook": lambda args: runbook(daemon, args),
+        "events": lambda args: events(daemon, args),
+        "checkpoints": lambda args: checkpoints(daemon, args),
+        "stop": lambda args: daemon.stop_job(job_record(daemon, args)),
+        "resume": lambda args: daemon.resume_job(job_record(daemon, args)),
+        "metrics": lambda args: {"text": metrics.render(daemon)},
+        "version": lambda args: version(daemon),
+        "shutdown": lambda args: shutdown(daemon),
+    }
+
+
+def job_record(daemon: Wardend, args: dict[str, Any]) -> JobRecord:
+    """The record named by ``args["job"]``; raises control.no_such_job."""
+    job_id = args.get("job")
+    record = daemon.table.get(job_id) if isinstance(job_id, str) else None
+    if record is None:
+        raise ControlError("control.no_such_job", f"no job {job_id!r}")
+    return record
+
+
+def summary(daemon: Wardend, record: JobRecord, now: float) -> dict[str, Any]:
+    """One status row."""
+    live = record.id in daemon.live
+    sample = record.sample if live else {}
+    return {
+        "id": record.id,
+        "state": record.state.value,
+        "reason": record.reason,
+        "attempt": record.attempt,
+        "restarts": record.restarts,
+        "step": record.step,
+        "steps": record.job.run.steps,
+        "task": record.job.task,
+        "checkpoint": record.checkpoint,
+        "last_progress_age_s": round(now - record.last_progress, 3)
+        if record.last_progress
+        else None,
+        "newest_checkpoint_step": record.newest_checkpoint_step,
+        "pid": record.pid,
+        "rss_mb": sample.get("rss_mb"),
+        "cpu_percent": sample.get("cpu_percent"),
+        "process_status": sample.get("status"),
+        "threads": sample.get("threads"),
+        "uptime_s": round(now - record.attempt_started, 3)
+        if live and record.attempt_started
+        else None,
+        "incidents": list(record.incidents),
+        "replayed_updates": record.replayed_updates,
+        "time_lost_s": round(record.time_lost_s, 3),
+    }
+
+
+def status(daemon: Wardend, args: dict[str, Any]) -> Any:
+    """status [job]: one row per job, or one job with its history and request."""
+    now = time.time()
+    if args.get("job") is not None:
+        record = job_record(daemon, args)
+        return {
+            **summary(daemon, record, now),
+            "history": record.history,
+            "request": record.job.to_record(),
+        }
+    return {
+        "jobs": [summary(daemon, r, now) for r in daemon.table],
+        "daemon": {
+            "pid": os.getpid(),
+            "version": __version__,
+            "uptime_s": round(now - daemon.started, 3),
+            "needs_attention": sum(1 for r in daemon.table if r.state in NEEDS_ATTENTION),
+        },
+    }
+
+
+def incidents(daemon: Wardend, args: dict[str, Any]) -> Any:
+    """incidents [job]: every incident's latest record."""
+    if args.get("job") is not None:
+        return daemon.incidents.load(job_record(daemon, args).id)
+    return [i for r in daemon.table for i in daemon.incidents.load(r.id)]
+
+
+def runbook(daemon: Wardend, args: dict[str, Any]) -> Any:
+    """runbook incident: the rendered runbook and its path."""
+    name = args.get("incident")
+    job_id = name.rsplit("-", 1)[0] if isinstance(name, str) and "-" in name else None
+    path = daemon.root.job(job_id) / "incidents" / f"{name}.md" if job_id else None
+    if job_id not in daemon.table or path is None or not path.is_file():
+        raise ControlError("control.no_such_incident", f"no incident {name!r}")
+    return {"incident": name, "path": str(path), "text": path.read_text()}
+
+
+def events(daemon: Wardend, args: dict[str, Any]) -> Any:
+    """events job [attempt offset]: event lines from a cursor on, and the next cursor."""
+    record = job_record(daemon, args)
+    attempt = args.get("attempt", 1)
+    offset = args.get("offset", 0)
+    if not isinstance(attempt, int) or not isinstance(offset, int) or attempt < 1 or offset < 0:
+        raise ControlError("control.bad_request", "attempt and offset must be integers >= 1, >= 0")
+    lines: list[dict[str, Any]] = []
+    while attempt <= record.attempt and len(lines) < EVENTS_PER_REQUEST:
+        path = daemon.root.job(record.id) / "attempts" / str(attempt) / "events.jsonl"
+        data = _read_from(path, offset)
+        complete = data[: data.rfind(b"\n") + 1]
+        for raw in complete.splitlines()[: EVENTS_PER_REQUEST - len(lines)]:
+            offset += len(raw) + 1
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                event = {"event": "malformed", "line": raw.decode(errors="replace")}
+            lines.append(
+                {"attempt": attempt, **event}
+                if isinstance(event, dict)
+                else {"attempt": attempt, "event": "malformed", "line": str(event)}
+            )
+        if len(lines) >= EVENTS_PER_REQUEST or attempt == record.attempt:
+            break
+        attempt, offset = attempt + 1, 0
+    return {
+        "events": lines,
+        "cursor": {"attempt": max(1, attempt), "offset": offset},
+        "state": record.state.value,
+    }
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    try:
+        with path.open("rb") as stream:
+            stream.seek(offset)
+            return stream.read(4 << 20)
+    except FileNotFoundError:
+        return b""
+
+
+def checkpoints(daemon: Wardend, args: dict[str, Any]) -> Any:
+    """checkpoints job: every file of the job's checkpoint directory with its verdict."""
+    record = job_record(daemon, args)
+    directory = daemon.root.checkpoints / record.checkpoint
+    loop = asyncio.get_running_loop()
+    return loop.run_in_executor(None, directory_verdicts, directory, record.job)
+
+
+def version(daemon: Wardend) -> Any:
+    """version: the daemon's version, pid, protocol and where its spool is."""
+    return {
+        "wardend": __version__,
+        "pid": os.getpid(),
+        "protocol": PROTOCOL_VERSION,
+        "root": str(daemon.root.path),
+        "spool": {
+            "tmp": str(daemon.root.spool_tmp),
+            "incoming": str(daemon.root.incoming),
+            "rejected": str(daemon.root.rejected),
+        },
+    }
+
+
+def shutdown(daemon: Wardend) -> Any:
+    """shutdown: preempt every worker and exit, as on SIGTERM."""
+    daemon.stopping.set()
+    return {"stopping": True, "live": sorted(daemon.live)}

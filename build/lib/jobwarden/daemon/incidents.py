@@ -1,0 +1,220 @@
+"""Incidents: a structured record and a runbook, written from the actual trace.
+
+Each failure opens an incident.  Its record is a structlog JSON line
+appended to ``ROOT/incidents.jsonl`` and ``jobs/<id>/incidents.jsonl`` each
+time it changes (opened, recovery point found, verified or escalated), and
+its latest form is kept as ``jobs/<id>/incidents/<incident>.json`` beside the
+Markdown runbook ``<incident>.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import structlog
+
+from jobwarden.checkpoint.atomic import write_text_atomic
+from jobwarden.daemon.layout import Root
+
+
+@dataclass
+class Incident:
+    """One failure of one job, from symptom to outcome."""
+
+    id: str
+    job: str
+    kind: str
+    opened: float
+    attempt: int
+    symptom: str
+    evidence: dict[str, str] = field(default_factory=dict)
+    boundary: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    recovery_point: dict[str, Any] | None = None
+    action: dict[str, Any] | None = None
+    replayed_steps: list[int] = field(default_factory=list)
+    verification: dict[str, Any] | None = None
+    outcome: str = "open"
+    status: str = "open"
+    prevention: list[str] = field(default_factory=list)
+    time_lost_s: float | None = None
+    closed: float | None = None
+
+    def as_record(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+def _step_list(steps: list[int]) -> str:
+    if not steps:
+        return "none"
+    if steps == list(range(steps[0], steps[-1] + 1)) and len(steps) > 2:
+        return f"{steps[0]}..{steps[-1]} ({len(steps)} updates)"
+    return ", ".join(str(s) for s in steps)
+
+
+def render_runbook(incident: Incident) -> str:
+    """The incident as an operator's runbook, every section from recorded facts."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(incident.opened))
+    out = [
+        f"# Incident {incident.id}: {incident.kind} of job {incident.job}",
+        "",
+        f"Opened {when}; status **{incident.status}**.",
+        "",
+        "## Symptom",
+        "",
+        incident.symptom,
+        "",
+        "## Evidence preserved",
+        "",
+    ]
+    out += [f"- {name}: `{path}`" for name, path in incident.evidence.items()]
+    stack = incident.details.get("stack_dump")
+    if stack:
+        out += [
+            "",
+            "Stack dump of every worker thread, taken at detection:",
+            "",
+            "```",
+            stack.strip(),
+            "```",
+        ]
+    b = incident.boundary
+    out += [
+        "",
+        "## Failure boundary",
+        "",
+        f"- last logged update: {b.get('last_logged_step', 0)}"
+        + (f" (state hash `{b['last_logged_hash']}`)" if b.get("last_logged_hash") else ""),
+        "- newest committed checkpoint: "
+        + (
+            f"step {b['checkpoint_step']} (`{b['checkpoint_file']}`)"
+            if b.get("checkpoint_step") is not None
+            else "none committed yet"
+        ),
+    ]
+    out += ["", "## Recovery point", ""]
+    rp = incident.recovery_point
+    if rp is None:
+        out.append("No recovery attempt has reported a recovery point.")
+    elif rp.get("fresh"):
+        out.append(
+            "No checkpoint had been committed; the resumed attempt started from step 0 "
+            "and replays every logged update."
+        )
+    else:
+        out.append(
+            f"Restored step {rp['step']} from `{rp['file']}` (checksum "
+            f"`{rp.get('checksum', '?')}`, writer generation {rp.get('writer_generation')})."
+        )
+        out.append("It was valid because it passed every check: " + ", ".join(rp["checks"]) + ".")
+        for skipped in rp.get("skipped", []):
+            out.append(
+                f"- passed over `{skipped['file']}`: {skipped['code']}: "
+                f"{skipped['message']}; preserved at `{skipped['quarantined_to']}`"
+            )
+    out += ["", "## Action", ""]
+    act = incident.action
+    out.append("No action was taken." if act is None else act["text"])
+    out += [
+        "",
+        "## Work replayed",
+        "",
+        f"Updates {_step_list(incident.replayed_steps)}"
+        + (
+            f"; time lost {incident.time_lost_s:.2f} s from the failed attempt's last "
+            "progress to the first new update past it."
+            if incident.time_lost_s
+            else "."
+        ),
+    ]
+    out += ["", "## Verification", ""]
+    ver = incident.verification
+    if not ver or not ver.get("checks"):
+        out.append(ver["text"] if ver else "Not verified yet.")
+    else:
+        boundary = [c for c in ver["checks"] if c["what"] != "update"]
+        updates = [c for c in ver["checks"] if c["what"] == "update"]
+        for check in boundary:
+            out.append(
+                f"Restored state at step {check['step']}: logged `{check['logged']}`, "
+                f"restored `{check['found']}`: {'equal' if check['ok'] else 'DIFFERENT'}."
+            )
+        if updates:
+            first, *rest = updates
+            out.append(
+                f"First replayed update, step {first['step']}: logged `{first['logged']}`,"
+                f" replayed `{first['found']}`: {'equal' if first['ok'] else 'DIFFERENT'}."
+            )
+            if rest:
+                bad = [c["step"] for c in rest if not c["ok"]]
+                out.append(
+                    f"Then updates {_step_list([c['step'] for c in rest])}: "
+                    + (f"first difference at step {bad[0]}." if bad else "all equal.")
+                )
+        out.append("")
+        out.append(ver["text"])
+    out += ["", "## Outcome", "", incident.outcome, "", "## Prevention", ""]
+    out += [f"- {line}" for line in incident.prevention] or ["- Nothing recorded."]
+    return "\n".join(out) + "\n"
+
+
+class IncidentLog:
+    """Writes incident records and runbooks for the daemon."""
+
+    def __init__(self, root: Root) -> None:
+        self.root = root
+        self._files: dict[Path, TextIO] = {}
+
+    def _logger(self, path: Path) -> Any:
+        stream = self._files.get(path)
+        if stream is None:
+            stream = path.open("a", encoding="utf-8")
+            self._files[path] = stream
+        return structlog.wrap_logger(
+            structlog.PrintLogger(stream),
+            processors=[
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                structlog.processors.JSONRenderer(default=str),
+            ],
+        )
+
+    def folder(self, incident: Incident) -> Path:
+        """The job's incidents folder."""
+        return self.root.job(incident.job) / "incidents"
+
+    def write(self, incident: Incident, event: str) -> None:
+        """Append the record as ``event`` and refresh the snapshot and runbook."""
+        folder = self.folder(incident)
+        folder.mkdir(exist_ok=True)
+        record = incident.as_record()
+        for path in (self.root.incidents, self.root.job(incident.job) / "incidents.jsonl"):
+            self._logger(path).info(event, **{"incident": record.pop("id", incident.id), **record})
+            record = incident.as_record()
+        write_text_atomic(
+            folder / f"{incident.id}.json",
+            json.dumps(incident.as_record(), indent=2, default=str) + "\n",
+        )
+        write_text_atomic(folder / f"{incident.id}.md", render_runbook(incident))
+
+    def runbook_path(self, incident: Incident) -> Path:
+        """Where the incident's runbook is."""
+        return self.folder(incident) / f"{incident.id}.md"
+
+    def load(self, job_id: str) -> list[dict[str, Any]]:
+        """The latest form of every incident of a job, oldest first."""
+        folder = self.root.job(job_id) / "incidents"
+        if not folder.is_dir():
+            return []
+        records = [json.loads(p.read_text()) for p in folder.glob("*.json")]
+        return sorted(records, key=lambda r: r["opened"])
+
+    def close(self) -> None:
+        """Close the open record files."""
+        for stream in self._files.values():
+            stream.close()
+        self._files.clear()

@@ -1,0 +1,92 @@
+"""Prometheus text exposition of the daemon's state, through prometheus_client.
+
+Values are read from the daemon at scrape time by a custom collector, so
+nothing is counted twice and nothing is kept in a second place.  Totals that
+live in job records (restarts, replayed updates, time lost) survive daemon
+restarts; the rest count from the daemon's start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from jobwarden.daemon.states import JobState
+
+if TYPE_CHECKING:
+    from jobwarden.daemon.core import Wardend
+
+
+class WardendCollector:
+    """Collects jobwarden_* metrics from a running daemon."""
+
+    def __init__(self, daemon: Wardend) -> None:
+        self.daemon = daemon
+
+    def collect(self) -> Iterator[Metric]:
+        """Every metric family, computed now."""
+        daemon = self.daemon
+        records = list(daemon.table)
+        jobs = GaugeMetricFamily("jobwarden_jobs", "Jobs by state.", labels=["state"])
+        for state in JobState:
+            jobs.add_metric([state.value], sum(1 for r in records if r.state is state))
+        yield jobs
+        yield CounterMetricFamily(
+            "jobwarden_restarts",
+            "Recovery attempts started.",
+            value=sum(r.restarts for r in records),
+        )
+        incidents = CounterMetricFamily(
+            "jobwarden_incidents", "Incidents by kind.", labels=["kind"]
+        )
+        for kind, count in sorted(daemon.incident_kinds.items()):
+            incidents.add_metric([kind], count)
+        yield incidents
+        yield CounterMetricFamily(
+            "jobwarden_replayed_updates",
+            "Updates done again after a recovery.",
+            value=sum(r.replayed_updates for r in records),
+        )
+        yield CounterMetricFamily(
+            "jobwarden_time_lost_seconds",
+            "Time from a failure to the first new update past it.",
+            value=sum(r.time_lost_s for r in records),
+        )
+        yield CounterMetricFamily(
+            "jobwarden_stall_detections",
+            "Stalls detected.",
+            value=daemon.counters["stalls_detected"],
+        )
+        totals = daemon.checkpoint_totals
+        yield CounterMetricFamily(
+            "jobwarden_checkpoints", "Checkpoints committed.", value=totals["count"]
+        )
+        yield CounterMetricFamily(
+            "jobwarden_checkpoint_bytes", "Bytes of checkpoints committed.", value=totals["bytes"]
+        )
+        yield CounterMetricFamily(
+            "jobwarden_checkpoint_seconds",
+            "Seconds spent committing checkpoints.",
+            value=totals["seconds"],
+        )
+        intake = CounterMetricFamily(
+            "jobwarden_requests", "Spool requests by outcome.", labels=["outcome"]
+        )
+        intake.add_metric(["accepted"], daemon.counters["intake_accepted"])
+        intake.add_metric(["rejected"], daemon.counters["intake_rejected"])
+        yield intake
+        yield CounterMetricFamily(
+            "jobwarden_malformed_event_lines",
+            "Worker stdout lines that were not valid events.",
+            value=daemon.counters["malformed_event_lines"],
+        )
+
+
+def render(daemon: Wardend) -> str:
+    """The exposition text."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(WardendCollector(daemon))
+    return generate_latest(registry).decode()

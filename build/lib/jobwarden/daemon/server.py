@@ -1,0 +1,178 @@
+"""The control socket's server side: peer-credential checks, bounded requests, dispatch.
+
+Every connection's peer is checked with SO_PEERCRED: root, the daemon's own
+uid, or a member of the configured group; anyone else is refused and the
+refusal logged.  Requests are read with a size bound and a timeout, so a slow
+or malformed client never blocks the loop or other clients.  Handlers are
+plain functions run on the daemon's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import grp
+import inspect
+import os
+import socket
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from jobwarden.control.protocol import (
+    MAX_REQUEST_BYTES,
+    ControlError,
+    encode_error,
+    encode_ok,
+    parse_request,
+)
+
+log = structlog.get_logger("wardend.control")
+
+Handler = Callable[[dict[str, Any]], Any]
+READ_TIMEOUT_S = 5.0
+HANDLER_TIMEOUT_S = 60.0
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process on the other end of a Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+class ControlServer:
+    """Serves the control protocol on one Unix socket."""
+
+    def __init__(
+        self,
+        path: Path,
+        handlers: dict[str, Handler],
+        group: str | None = None,
+        read_timeout_s: float = READ_TIMEOUT_S,
+    ) -> None:
+        self.path = path
+        self.handlers = handlers
+        self.gid = grp.getgrnam(group).gr_gid if group else None
+        self.members = set(grp.getgrnam(group).gr_mem) if group else set()
+        self.read_timeout_s = read_timeout_s
+        self.server: asyncio.Server | None = None
+        self.refused = 0
+
+    def allowed(self, uid: int, gid: int) -> bool:
+        """root, the daemon's uid, or the configured group."""
+        if uid in (0, os.getuid()):
+            return True
+        if self.gid is None:
+            return False
+        if gid == self.gid:
+            return True
+        try:
+            import pwd
+
+            return pwd.getpwuid(uid).pw_name in self.members
+        except KeyError:
+            return False
+
+    async def start(self) -> None:
+        """Bind the socket (replacing a stale one) with mode 0600, or 0660 with a group."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_socket():
+            self.path.unlink()
+        old = os.umask(0o177 if self.gid is None else 0o117)
+        try:
+            self.server = await asyncio.start_unix_server(
+                self._serve, path=str(self.path), limit=MAX_REQUEST_BYTES + 1
+            )
+        finally:
+            os.umask(old)
+        if self.gid is not None:
+            os.chown(self.path, -1, self.gid)
+            self.path.chmod(0o660)
+        else:
+            self.path.chmod(0o600)
+
+    async def close(self) -> None:
+        """Stop accepting and remove the socket file."""
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+        self.path.unlink(missing_ok=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        pid, uid, gid = peer_credentials(sock)
+        try:
+            if not self.allowed(uid, gid):
+                self.refused += 1
+                log.warning(
+                    "control.refused",
+                    peer_pid=pid,
+                    peer_uid=uid,
+                    peer_gid=gid,
+                    reason="peer is not root, the daemon's user or the control group",
+                )
+                writer.write(
+                    encode_error(None, "control.forbidden", f"uid {uid} may not use this daemon")
+                )
+                await writer.drain()
+                return
+            while True:
+                try:
+                    line = await asyncio.wait_for(reader.readline(), self.read_timeout_s)
+                except TimeoutError:
+                    writer.write(
+                        encode_error(
+                            None,
+                            "control.timeout",
+                            f"no complete request within {self.read_timeout_s:g} s",
+                        )
+                    )
+                    await writer.drain()
+                    return
+                except ValueError:
+                    writer.write(
+                        encode_error(
+                            None, "control.too_large", f"request exceeds {MAX_REQUEST_BYTES} bytes"
+                        )
+                    )
+                    await writer.drain()
+                    return
+                if not line:
+                    return
+                if not line.endswith(b"\n"):
+                    writer.write(
+                        encode_error(
+                            None, "control.bad_request", "request line ended without a newline"
+                        )
+                    )
+                    await writer.drain()
+                    return
+                writer.write(await self._dispatch(line))
+                await writer.drain()
+        except (ConnectionError, OSError):
+            return
+        finally:
+            writer.close()
+
+    async def _dispatch(self, line: bytes) -> bytes:
+        request_id = None
+        try:
+            request = parse_request(line)
+            request_id = request.id
+            handler = self.handlers.get(request.cmd)
+            if handler is None:
+                raise ControlError(
+                    "control.unknown_command",
+                    f"unknown command {request.cmd!r}; known: {', '.join(sorted(self.handlers))}",
+                )
+            result = handler(request.args)
+            if inspect.isawaitable(result):
+                result = await asyncio.wait_for(result, HANDLER_TIMEOUT_S)
+            return encode_ok(request_id, result)
+        except TimeoutError:
+            return encode_error(request_id, "control.timeout", "the daemon took too long")
+        except ControlError as error:
+            return encode_error(request_id, error.code, error.message)

@@ -1,0 +1,96 @@
+"""The one root exception and the stable codes and exit statuses it carries.
+
+Every refusal jobwarden makes is a `JobwardenError` subclass.  Each subclass has
+a stable machine-readable ``code`` and a distinct process ``exit_status`` (the
+worker exits with it), and carries its evidence as plain fields so an incident
+record can be written from the exception alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class JobwardenError(Exception):
+    """Raised for every refusal jobwarden makes; never raised directly."""
+
+    code: ClassVar[str] = "jobwarden.error"
+    exit_status: ClassVar[int] = 70
+
+    def __init__(self, message: str, **evidence: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.evidence: dict[str, Any] = evidence
+
+    def as_record(self) -> dict[str, Any]:
+        """The error as a JSON-ready record: code, message and evidence."""
+        return {"code": self.code, "message": self.message, **self.evidence}
+
+
+class JobFileError(JobwardenError):
+    """Raised when a job file cannot be parsed or breaks the schema; lists every problem."""
+
+    code = "job.invalid"
+    exit_status = 3
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        listing = "; ".join(problems)
+        super().__init__(
+            f"{path}: {len(problems)} problem(s): {listing}", path=path, problems=problems
+        )
+        self.problems = problems
+
+
+class UnsafeCacheError(JobwardenError):
+    """Raised when the compilation cache directory is readable or writable by others."""
+
+    code = "worker.cache_unsafe"
+    exit_status = 4
+
+
+class InjectedFailure(JobwardenError):
+    """Raised by the ``fail_after`` drill fault after the named update."""
+
+    code = "worker.injected_failure"
+    exit_status = 10
+
+
+class WriterLockedError(JobwardenError):
+    """Raised when another live process holds the checkpoint directory's writer lock."""
+
+    code = "writer.locked"
+    exit_status = 11
+
+
+class ResumePolicyError(JobwardenError):
+    """Raised when the ``[run] resume`` policy forbids what the directory holds."""
+
+    code = "resume.policy"
+    exit_status = 12
+
+
+class PreemptedExit(JobwardenError):
+    """Raised to end an attempt that was preempted after committing its checkpoint."""
+
+    code = "worker.preempted"
+    exit_status = 75
+
+
+class WorkerInternalError(JobwardenError):
+    """Stands for an unexpected exception in the worker: a bug, reported with its type."""
+
+    code = "worker.internal"
+    exit_status = 70
+
+
+def exit_status_table() -> dict[str, int]:
+    """Every error code and its exit status, for documentation and tests."""
+    table: dict[str, int] = {}
+    stack: list[type[JobwardenError]] = [JobwardenError]
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if cls.code in table and table[cls.code] != cls.exit_status:
+            raise AssertionError(f"code {cls.code} has two exit statuses")
+        table[cls.code] = cls.exit_status
+    return table

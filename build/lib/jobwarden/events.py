@@ -1,0 +1,167 @@
+"""Worker -> supervisor events: one JSON object per stdout line, with a schema version.
+
+Every event has ``v`` (the schema version), ``event`` (its kind) and ``time``
+(wall-clock seconds, a record, never used for durations).  `parse_line` turns
+a line into an `Event` or a `Malformed` kept as evidence; it never raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from jobwarden.errors import JobwardenError
+
+SCHEMA_VERSION = 1
+
+# The fields each kind must carry, with their JSON types.
+REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
+    "started": {"pid": (int,), "backend": (str,), "devices": (list,), "runtime": (dict,)},
+    "restored": {
+        "step": (int,),
+        "file": (str,),
+        "state_hash": (str,),
+        "components": (dict,),
+        "checks": (list,),
+        "skipped": (list,),
+    },
+    "ready": {
+        "step": (int,),
+        "warmup_s": (float, int),
+        "state_hash": (str,),
+        "components": (dict,),
+    },
+    "progress": {
+        "step": (int,),
+        "loss": (float, int, str),
+        "examples": (int,),
+        "update_s": (float, int),
+        "state_hash": (str, type(None)),
+    },
+    "checkpoint": {
+        "step": (int,),
+        "file": (str,),
+        "bytes": (int,),
+        "seconds": (float, int),
+        "state_hash": (str,),
+    },
+    "completed": {"step": (int,), "state_hash": (str,)},
+    "preempted": {"step": (int,), "reason": (str,)},
+    "failed": {"code": (str,), "message": (str,), "exit_status": (int,)},
+    "stall_injected": {"step": (int,), "seconds": (float, int)},
+}
+
+
+class SupervisorGone(Exception):
+    """Raised by `Emitter.emit` when stdout is broken: nobody is reading any more."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One parsed, schema-checked event."""
+
+    kind: str
+    fields: Mapping[str, Any]
+
+    def __getitem__(self, name: str) -> Any:
+        return self.fields[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """A field, or ``default``."""
+        return self.fields.get(name, default)
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A line that is not a valid event, kept verbatim with the reason."""
+
+    line: str
+    reason: str
+    lineno: int
+
+
+def parse_line(line: str, lineno: int = 0) -> Event | Malformed:
+    """Parse one event line; anything wrong yields a `Malformed`, never an exception."""
+    try:
+        record = json.loads(line)
+    except ValueError as error:
+        return Malformed(line, f"not JSON: {error}", lineno)
+    if not isinstance(record, dict):
+        return Malformed(line, "not a JSON object", lineno)
+    if record.get("v") != SCHEMA_VERSION:
+        return Malformed(
+            line, f"schema version {record.get('v')!r}, expected {SCHEMA_VERSION}", lineno
+        )
+    kind = record.get("event")
+    if kind not in REQUIRED:
+        return Malformed(line, f"unknown event kind {kind!r}", lineno)
+    for name, types in REQUIRED[kind].items():
+        value = record.get(name)
+        if not isinstance(value, types) or isinstance(value, bool):
+            return Malformed(
+                line,
+                f"{kind}.{name} is {value!r}, expected {'/'.join(t.__name__ for t in types)}",
+                lineno,
+            )
+    return Event(kind, record)
+
+
+def parse_lines(lines: Iterable[str]) -> Iterator[Event | Malformed]:
+    """Parse every non-blank line."""
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            yield parse_line(line.rstrip("\n"), number)
+
+
+def read_events(path: Path) -> list[Event | Malformed]:
+    """All events and malformed lines of an events file."""
+    with path.open(encoding="utf-8", errors="replace") as stream:
+        return list(parse_lines(stream))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    return value
+
+
+class Emitter:
+    """Writes events as JSON lines to a stream, flushing each one."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.broken = False
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Write one event; raises `SupervisorGone` once the stream is broken."""
+        if self.broken:
+            raise SupervisorGone(kind)
+        record = {
+            "v": SCHEMA_VERSION,
+            "event": kind,
+            "time": time.time(),
+            **{k: _finite(v) for k, v in fields.items()},
+        }
+        try:
+            self.stream.write(json.dumps(record, allow_nan=False) + "\n")
+            self.stream.flush()
+        except (BrokenPipeError, ValueError, OSError) as error:
+            self.broken = True
+            raise SupervisorGone(kind) from error
+
+    def failed(self, error: JobwardenError) -> int:
+        """Report a refusal: a ``failed`` event (if anyone reads) and a line on stderr.
+
+        Returns the error's exit status.
+        """
+        sys.stderr.write(f"jobwarden worker: {error.code}: {error.message}\n")
+        with contextlib.suppress(SupervisorGone):
+            self.emit("failed", exit_status=error.exit_status, **error.as_record())
+        return error.exit_status

@@ -1,0 +1,227 @@
+"""Job files: TOML or JSON in, a frozen validated `Job` out, or every problem listed.
+
+One format serves the worker and the spool.  ``[train]`` holds the task's
+training fields (hashed into the config hash); ``[run]`` and ``[faults]`` are
+operational and never hashed, so a compatible retry may change them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from jobwarden.errors import JobFileError
+from jobwarden.tasks import Task, TrainFields, known_tasks
+
+MAX_JOB_FILE_BYTES = 256 * 1024
+NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def check_name(value: str) -> str:
+    """A job id or checkpoint name: one safe path segment, never ``.`` or ``..``."""
+    if not NAME_PATTERN.fullmatch(value) or set(value) == {"."}:
+        raise ValueError("must match [A-Za-z0-9._-]{1,64} and not be '.' or '..'")
+    return value
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+class RunSection(_Section):
+    """Operational settings of a run."""
+
+    steps: int = Field(8, ge=1, le=10**9)
+    checkpoint_every: int = Field(2, ge=1)
+    keep_checkpoints: int = Field(3, ge=1)
+    resume: Literal["auto", "require", "never"] = "auto"
+    hash_every: int = Field(1, ge=1)
+
+
+class FaultSection(_Section):
+    """Drill faults; operational, never hashed."""
+
+    fail_after: int | None = Field(None, ge=1)
+    crash_after: int | None = Field(None, ge=1)
+    crash_in_commit: int | None = Field(None, ge=1)
+    stall_at: int | None = Field(None, ge=0)
+    stall_seconds: float = Field(10.0, gt=0, le=86400)
+    step_delay_s: float = Field(0.0, ge=0, le=60)
+    every_attempt: bool = False
+
+    def active(self) -> bool:
+        """Whether any fault is set."""
+        return any(
+            v is not None
+            for v in (self.fail_after, self.crash_after, self.crash_in_commit, self.stall_at)
+        )
+
+
+class SupervisionSection(_Section):
+    """How the daemon watches and restarts the job."""
+
+    startup_timeout_s: float = Field(60.0, gt=0, le=86400)
+    stall_timeout_s: float = Field(5.0, gt=0, le=86400)
+    max_restarts: int = Field(3, ge=0, le=1000)
+    restart_backoff_s: float = Field(0.5, ge=0, le=3600)
+    max_rss_mb: int = Field(4096, ge=1)
+    stop_grace_s: float = Field(30.0, gt=0, le=3600)
+
+
+class _Document(_Section):
+    id: str
+    task: str
+    checkpoint: str | None = None
+    train: dict[str, Any] = Field(default_factory=dict)
+    run: RunSection = RunSection()
+    faults: FaultSection = FaultSection()
+    supervision: SupervisionSection = SupervisionSection()
+
+    _names = field_validator("id", "checkpoint")(
+        lambda value: value if value is None else check_name(value)
+    )
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated job: task, training fields, run settings and faults."""
+
+    id: str
+    task: str
+    checkpoint: str
+    train: TrainFields
+    run: RunSection
+    faults: FaultSection
+    supervision: SupervisionSection
+
+    def task_instance(self) -> Task:
+        """The task object for this job's training fields."""
+        return known_tasks()[self.task](self.train)
+
+    def without_faults(self) -> Job:
+        """The job as a recovery attempt runs it: faults off unless they apply to every attempt."""
+        if self.faults.every_attempt:
+            return self
+        return dataclasses.replace(self, faults=FaultSection())
+
+    def train_fields(self) -> dict[str, Any]:
+        """The normalized training fields, defaults filled in."""
+        return self.train.model_dump()
+
+    def to_record(self) -> dict[str, Any]:
+        """The normalized request, as JSON-ready data."""
+        return {
+            "id": self.id,
+            "task": self.task,
+            "checkpoint": self.checkpoint,
+            "train": self.train_fields(),
+            "run": self.run.model_dump(),
+            "faults": self.faults.model_dump(),
+            "supervision": self.supervision.model_dump(),
+        }
+
+
+def _problems(error: ValidationError, prefix: str = "") -> list[str]:
+    found = []
+    for item in error.errors():
+        where = prefix + ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = "unknown field" if item["type"] == "extra_forbidden" else item["msg"]
+        found.append(f"{where}: {message} (found {item['input']!r})")
+    return found
+
+
+def parse_text(text: str, fmt: Literal["toml", "json"]) -> dict[str, Any]:
+    """Decode a job document; raises ValueError naming the syntax error."""
+    if fmt == "json":
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise ValueError(f"a JSON job file holds an object, found {type(value).__name__}")
+        return value
+    return tomllib.loads(text)
+
+
+def job_from_mapping(document: dict[str, Any], origin: str = "<job>") -> Job:
+    """Validate a decoded job document; raises `JobFileError` listing every problem."""
+    problems: list[str] = []
+    parsed: _Document | None = None
+    try:
+        parsed = _Document.model_validate(document)
+    except ValidationError as error:
+        problems.extend(_problems(error))
+    task_name = document.get("task")
+    tasks = known_tasks()
+    task_cls = tasks.get(task_name) if isinstance(task_name, str) else None
+    if isinstance(task_name, str) and task_cls is None:
+        problems.append(f"task: unknown task {task_name!r} (known: {', '.join(sorted(tasks))})")
+    train: TrainFields | None = None
+    raw_train = document.get("train", {})
+    if task_cls is not None and isinstance(raw_train, dict):
+        try:
+            train = task_cls.Train.model_validate(raw_train)
+        except ValidationError as error:
+            problems.extend(_problems(error, "train."))
+    if parsed is not None:
+        problems.extend(_fault_problems(parsed.run, parsed.faults))
+    if problems or parsed is None or train is None:
+        raise JobFileError(origin, problems or ["train: must be a table"])
+    return Job(
+        id=parsed.id,
+        task=parsed.task,
+        checkpoint=parsed.checkpoint or parsed.id,
+        train=train,
+        run=parsed.run,
+        faults=parsed.faults,
+        supervision=parsed.supervision,
+    )
+
+
+def _fault_problems(run: RunSection, faults: FaultSection) -> list[str]:
+    """Faults that could never fire are mistakes in a drill, not silent no-ops."""
+    found = []
+    for name in ("fail_after", "crash_after", "crash_in_commit", "stall_at"):
+        step = getattr(faults, name)
+        if step is not None and step > run.steps:
+            found.append(
+                f"faults.{name}: {step} is past run.steps = {run.steps}; the fault would never fire"
+            )
+    step = faults.crash_in_commit
+    if step is not None and step <= run.steps and step % run.checkpoint_every and step != run.steps:
+        found.append(
+            f"faults.crash_in_commit: step {step} is not a checkpoint step "
+            f"(checkpoint_every = {run.checkpoint_every}, steps = {run.steps})"
+        )
+    return found
+
+
+def job_from_bytes(raw: bytes, origin: str, fmt: Literal["toml", "json"]) -> Job:
+    """Validate a job file's bytes; raises `JobFileError` listing every problem."""
+    if len(raw) > MAX_JOB_FILE_BYTES:
+        raise JobFileError(
+            origin, [f"file is {len(raw)} bytes, over the {MAX_JOB_FILE_BYTES}-byte limit"]
+        )
+    try:
+        document = parse_text(raw.decode(), fmt)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise JobFileError(origin, [f"syntax: {error}"]) from error
+    return job_from_mapping(document, origin)
+
+
+def format_of(path: Path) -> Literal["toml", "json"]:
+    """A job file's format by its name: ``.json`` is JSON, anything else TOML."""
+    return "json" if path.suffix == ".json" else "toml"
+
+
+def load_job(path: Path) -> Job:
+    """Read and validate a job file."""
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise JobFileError(str(path), [f"cannot read: {error.strerror}"]) from error
+    return job_from_bytes(raw, str(path), format_of(path))

@@ -1,0 +1,59 @@
+"""``python -m jobwarden.worker --job FILE --checkpoint-dir DIR``: run one attempt of a job.
+
+Events go to stdout as JSON lines, human output to stderr; the exit status
+names the outcome (docs/worker.md lists them).  The CPU determinism pins are
+set here, before JAX is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from jobwarden.checkpoint.lock import WriterLock
+from jobwarden.errors import JobwardenError
+from jobwarden.events import Emitter
+from jobwarden.jobfile import load_job
+from jobwarden.worker.runtime import pin_environment
+
+CACHE_ENV = "JOBWARDEN_COMPILE_CACHE"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, pin the runtime, run the attempt, return its exit status."""
+    parser = argparse.ArgumentParser(prog="python -m jobwarden.worker", description=__doc__)
+    parser.add_argument("--job", type=Path, required=True, help="the job file (TOML or JSON)")
+    parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        required=True,
+        help="the checkpoint directory this attempt writes (and resumes from)",
+    )
+    parser.add_argument(
+        "--compile-cache",
+        type=Path,
+        default=os.environ.get(CACHE_ENV),
+        help=f"a private JAX compilation cache directory (or ${CACHE_ENV})",
+    )
+    args = parser.parse_args(argv)
+    emitter = Emitter(sys.stdout)
+    try:
+        job = load_job(args.job)
+    except JobwardenError as error:
+        return emitter.failed(error)
+    directory = args.checkpoint_dir.absolute()
+    try:
+        lock = WriterLock(directory).acquire()
+    except JobwardenError as error:
+        return emitter.failed(error)
+    pin_environment()
+    from jobwarden.worker.loop import run_attempt
+
+    cache = Path(args.compile_cache) if args.compile_cache else None
+    return run_attempt(job, directory, emitter, lock, cache)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Drill faults, injected at the points a real failure would hit.
+
+All are operational (never hashed): ``fail_after`` raises after an update,
+``crash_after`` kills the process with SIGKILL after an update,
+``crash_in_commit`` kills it after the pending checkpoint file is durable and
+before it is replaced into place, ``stall_at`` hangs after N completed updates.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from jobwarden.errors import InjectedFailure
+from jobwarden.events import Emitter
+from jobwarden.jobfile import FaultSection
+
+
+class FaultPlan:
+    """The faults of one attempt, consulted by the step loop."""
+
+    def __init__(self, faults: FaultSection, emitter: Emitter) -> None:
+        self.faults = faults
+        self.emitter = emitter
+
+    def before_update(self, completed: int) -> None:
+        """Stall or slow down before the next update, as configured."""
+        if self.faults.stall_at == completed:
+            self.emitter.emit("stall_injected", step=completed, seconds=self.faults.stall_seconds)
+            time.sleep(self.faults.stall_seconds)
+        if self.faults.step_delay_s:
+            time.sleep(self.faults.step_delay_s)
+
+    def after_update(self, step: int) -> None:
+        """Fail or crash after update ``step``, as configured."""
+        if self.faults.fail_after == step:
+            raise InjectedFailure(f"controlled failure after update {step}", step=step)
+        if self.faults.crash_after == step:
+            hard_crash(f"crash_after={step}")
+
+    def commit_hook(self, step: int) -> Callable[[Path], None] | None:
+        """A hook that crashes mid-commit of the checkpoint at ``step``, if configured."""
+        if self.faults.crash_in_commit != step:
+            return None
+        return lambda pending: hard_crash(f"crash_in_commit={step}, pending file {pending}")
+
+
+def hard_crash(why: str) -> None:
+    """Die at once by SIGKILL: no cleanup, no event, as a real crash would."""
+    sys.stderr.write(f"jobwarden worker: injected hard crash ({why})\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,108 @@
+"""What bit-exact replay on CPU needs, pinned before JAX starts, and the runtime's identity.
+
+XLA's CPU backend can return different bits for the same compiled module when
+it runs intra-op work on several threads (jax-ml/jax#39741), so the worker
+pins single-threaded execution.  The pinned flags are part of the runtime
+identity written into every checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import stat
+from pathlib import Path
+
+from jobwarden.errors import UnsafeCacheError
+
+SUPERVISOR_ENV = "JOBWARDEN_SUPERVISOR_PID"
+PINNED_XLA_FLAGS = ("--xla_cpu_multi_thread_eigen=false", "intra_op_parallelism_threads=1")
+PINNED_ENV = {
+    "JAX_PLATFORMS": "cpu",
+    "JAX_ENABLE_X64": "0",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+
+
+def pin_environment(environ: dict[str, str] | None = None) -> str:
+    """Set the pinned XLA flags and thread limits; must run before `import jax`.
+
+    Returns the resulting ``XLA_FLAGS``.  Flags the caller set are kept, the
+    pinned ones are appended unless already present.
+    """
+    env = os.environ if environ is None else environ
+    flags = env.get("XLA_FLAGS", "").split()
+    for flag in PINNED_XLA_FLAGS:
+        if flag not in flags:
+            flags.append(flag)
+    env["XLA_FLAGS"] = " ".join(flags)
+    for name, value in PINNED_ENV.items():
+        env.setdefault(name, value)
+    return env["XLA_FLAGS"]
+
+
+def runtime_identity() -> dict[str, str]:
+    """Versions and settings that decide the bits of a replay."""
+    from importlib.metadata import version
+
+    import jax
+
+    return {
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": version("jaxlib"),
+        "numpy": version("numpy"),
+        "backend": jax.default_backend(),
+        "machine": platform.machine(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "x64": str(_jax_setting("jax_enable_x64")).lower(),
+        "prng_impl": str(_jax_setting("jax_default_prng_impl")),
+    }
+
+
+def _jax_setting(name: str) -> object:
+    """A JAX setting by name (its typed accessors are not all exported)."""
+    import jax
+
+    return getattr(jax.config, name)
+
+
+def check_private_directory(path: Path) -> Path:
+    """Create ``path`` mode 0700 if missing; refuse it if others may read or write it.
+
+    The compilation cache holds executable code, so it must be private to the
+    user that runs jobs.  Raises `UnsafeCacheError`.
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeCacheError(f"compilation cache {path} is not a directory", path=str(path))
+    if info.st_uid != os.getuid():
+        raise UnsafeCacheError(
+            f"compilation cache {path} is owned by uid {info.st_uid}, not {os.getuid()}",
+            path=str(path),
+            owner=info.st_uid,
+        )
+    if info.st_mode & 0o077:
+        raise UnsafeCacheError(
+            f"compilation cache {path} has mode {stat.S_IMODE(info.st_mode):04o}; expected 0700",
+            path=str(path),
+            mode=f"{stat.S_IMODE(info.st_mode):04o}",
+        )
+    return path
+
+
+def enable_compilation_cache(path: Path) -> None:
+    """Point JAX's persistent compilation cache at a private directory."""
+    import jax
+
+    check_private_directory(path)
+    settings = {
+        "jax_compilation_cache_dir": str(path),
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+    }
+    for name, value in settings.items():
+        jax.config.update(name, value)  # type: ignore[no-untyped-call]

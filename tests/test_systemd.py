@@ -1,0 +1,234 @@
+"""The systemd unit: verified, scored, installable, and the daemon working under its sandbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jobwarden.control import client
+from jobwarden.control.client import DaemonUnreachable
+
+PROJECT = Path(__file__).resolve().parent.parent
+UNIT = PROJECT / "systemd" / "wardend.service"
+NOBODY = 65534
+SANDBOX = """
+set -eu
+mount --make-rprivate /
+mount -t tmpfs -o mode=0755 tmpfs /mnt
+mkdir -p /mnt/jw/project /mnt/jw/python /mnt/jw/state /mnt/jw/run
+mount --bind "$PROJECT" /mnt/jw/project
+mount --bind "$PYBASE" /mnt/jw/python
+mount --bind "$STATE" /mnt/jw/state
+mount --bind "$RUN" /mnt/jw/run
+# ProtectHome=yes, PrivateTmp=yes
+for d in /root /home /tmp /var/tmp; do mount -t tmpfs -o mode=0755 tmpfs "$d"; done
+chmod 1777 /tmp /var/tmp
+# StateDirectory= and RuntimeDirectory=
+mount -t tmpfs -o mode=0755 tmpfs /var/lib
+mount -t tmpfs -o mode=0755 tmpfs /run
+mkdir -p /var/lib/jobwarden /run/jobwarden "$PROJECT" "$PYBASE"
+mount --bind /mnt/jw/state /var/lib/jobwarden
+mount --bind /mnt/jw/run /run/jobwarden
+mount --bind /mnt/jw/project "$PROJECT"
+mount --bind /mnt/jw/python "$PYBASE"
+# ProtectSystem=strict: everything else read-only, the code too
+mount -o remount,bind,ro /
+mount -o remount,bind,ro "$PROJECT"
+mount -o remount,bind,ro "$PYBASE"
+# ProtectProc=invisible, in a pid namespace of its own
+mount -t proc -o hidepid=invisible proc /proc
+# User=, NoNewPrivileges=yes, CapabilityBoundingSet=, UMask=0077; PrivateNetwork by unshare -n
+exec setpriv --reuid=65534 --regid=65534 --clear-groups --no-new-privs --inh-caps=-all \\
+    --bounding-set=-all sh -c 'umask 0077; exec "$0" -m jobwarden.daemon \\
+    --root /var/lib/jobwarden --socket /run/jobwarden/control.sock --group nogroup' "$PYTHON"
+"""
+
+
+def analyze(*args: str) -> subprocess.CompletedProcess[str]:
+    """systemd-analyze on the unit as installed for this checkout."""
+    return subprocess.run(
+        ["systemd-analyze", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+@pytest.fixture
+def rendered_unit(tmp_path: Path) -> Path:
+    """The unit with ExecStart pointing at this checkout's wardend, as install.sh renders it."""
+    path = tmp_path / "wardend.service"
+    venv = Path(sys.prefix)
+    path.write_text(UNIT.read_text().replace("/opt/jobwarden/venv", str(venv)))
+    return path
+
+
+def test_unit_verifies_cleanly(rendered_unit: Path) -> None:
+    """systemd-analyze verify reports nothing."""
+    done = analyze("verify", str(rendered_unit))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == ""
+
+
+def test_unit_exposure_is_at_most_2(rendered_unit: Path) -> None:
+    """systemd-analyze security --offline scores the unit at 2.0 or less."""
+    done = analyze("security", "--offline=true", "--threshold=20", str(rendered_unit))
+    assert done.returncode == 0, done.stdout[-2000:]
+    score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", done.stdout).group(1))
+    assert score <= 2.0
+    assert "MemoryDenyWriteExecute=" in done.stdout
+
+
+def test_unit_settings_the_daemon_relies_on() -> None:
+    """Type=notify with a watchdog, graceful KillMode, and a stop timeout above the grace."""
+    text = UNIT.read_text()
+    settings = dict(re.findall(r"^(\w+)=(.*)$", text, re.MULTILINE))
+    assert settings["Type"] == "notify"
+    assert settings["KillMode"] == "mixed"
+    assert int(settings["TimeoutStopSec"]) > 30
+    assert int(settings["WatchdogSec"]) > 0
+    assert settings["Restart"] == "on-failure"
+    assert int(settings["RestartSec"]) * int(settings["StartLimitBurst"]) > int(
+        settings["StartLimitIntervalSec"]
+    )
+    assert settings["UMask"] == "0077"
+    assert settings["MemoryDenyWriteExecute"] == "no"
+
+
+def test_daemon_runs_and_recovers_under_the_units_sandbox(tmp_path: Path) -> None:
+    """As uid nobody, umask 0077, read-only system, private tmp, no network, hidden /proc."""
+    if shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        pytest.fail("util-linux unshare and setpriv are needed for this test")
+    state, run = tmp_path / "state", tmp_path / "run"
+    for folder in (state, run):
+        folder.mkdir()
+        os.chown(folder, NOBODY, NOBODY)
+    state.chmod(0o700)
+    run.chmod(0o750)
+    env = {
+        **os.environ,
+        "PROJECT": str(PROJECT),
+        "PYBASE": os.path.realpath(sys.base_prefix),
+        "STATE": str(state),
+        "RUN": str(run),
+        "PYTHON": sys.executable,
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    with (tmp_path / "wardend.stderr").open("wb") as stderr:
+        daemon = subprocess.Popen(
+            [
+                "unshare",
+                "--mount",
+                "--net",
+                "--pid",
+                "--fork",
+                "--kill-child=SIGKILL",
+                "sh",
+                "-c",
+                SANDBOX,
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    sock = run / "control.sock"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.request(sock, "version")
+                break
+            except (DaemonUnreachable, OSError):
+                assert daemon.poll() is None, (tmp_path / "wardend.stderr").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the sandboxed daemon never answered"
+                time.sleep(0.1)
+        assert stat.S_IMODE(sock.stat().st_mode) == 0o660
+        name = "crash.toml"
+        (state / "spool" / "tmp" / name).write_text(
+            'id = "crash"\ntask = "linreg"\n[faults]\nfail_after = 3\n'
+        )
+        os.chown(state / "spool" / "tmp" / name, NOBODY, NOBODY)
+        os.rename(state / "spool" / "tmp" / name, state / "spool" / "incoming" / name)
+        deadline = time.monotonic() + 120
+        status: dict[str, object] = {}
+        while time.monotonic() < deadline:
+            try:
+                status = client.request(sock, "status", job="crash")
+                if status["state"] in ("completed", "escalated", "failed"):
+                    break
+            except client.ControlError:
+                pass
+            time.sleep(0.1)
+        assert status.get("state") == "completed", (tmp_path / "wardend.stderr").read_text()[-3000:]
+        (incident,) = client.request(sock, "incidents", job="crash")
+        assert incident["status"] == "verified"
+        sample = client.request(sock, "status")["daemon"]
+        assert sample["pid"] > 0
+    finally:
+        try:
+            client.request(sock, "shutdown")
+            daemon.wait(60)
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+                daemon.wait()
+    for path in [
+        state / "jobs" / "crash" / "state.json",
+        *(state / "checkpoints" / "crash").glob("ckpt-*"),
+    ]:
+        info = path.stat()
+        assert info.st_uid == NOBODY, path
+        assert stat.S_IMODE(info.st_mode) & 0o077 == 0, path
+    cache = state / "cache" / "jax"
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+    assert any(cache.iterdir()), "the compilation cache stayed empty"
+    log = [json.loads(line) for line in (state / "wardend.log").read_text().splitlines()]
+    assert any(e["event"] == "wardend.stopped" for e in log)
+
+
+def test_staged_install_is_idempotent_and_uninstall_removes_it(tmp_path: Path) -> None:
+    """install.sh twice into a staging root (the second changes nothing), then uninstall."""
+    env = {
+        **os.environ,
+        "DESTDIR": str(tmp_path / "stage"),
+        "PREFIX": "/opt/jobwarden",
+        "PYTHON": os.path.realpath(sys.base_prefix) + "/bin/python3",
+    }
+    script = PROJECT / "systemd" / "install.sh"
+
+    def run(action: str) -> str:
+        done = subprocess.run(
+            [str(script), action], env=env, capture_output=True, text=True, timeout=900, check=False
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    first = run("install")
+    stage = tmp_path / "stage"
+    unit = stage / "etc" / "systemd" / "system" / "wardend.service"
+    assert f"created virtual environment {stage}/opt/jobwarden/venv" in first
+    assert f"installed {unit}" in first
+    assert "daemon-reload skipped" in first
+    assert "ExecStart=/opt/jobwarden/venv/bin/wardend" in unit.read_text()
+    assert (stage / "usr" / "lib" / "sysusers.d" / "jobwarden.conf").is_file()
+    wardend = stage / "opt" / "jobwarden" / "venv" / "bin" / "wardend"
+    assert (
+        subprocess.run(
+            [str(wardend), "--help"], capture_output=True, check=False, timeout=60
+        ).returncode
+        == 0
+    )
+    second = run("install")
+    assert "exists" in second
+    assert f"unchanged {unit}" in second
+    assert "installed /" not in second.replace("installed jobwarden", "")
+    removed = run("uninstall")
+    assert f"removed {unit}" in removed
+    assert not (stage / "opt" / "jobwarden" / "venv").exists()
+    assert f"absent {unit}" in run("uninstall")
