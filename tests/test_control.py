@@ -180,6 +180,9 @@ def test_submit_stop_resume(live: Daemon, tmp_path: Path) -> None:
     assert done["state"] == "completed"
     second = live.events("slow", 2)
     assert next(e for e in second if e["event"] == "restored")["step"] == stopped["step"]
+    again = ctl(live, "submit", str(spec))
+    assert again.returncode == 1
+    assert "duplicate job id 'slow'" in again.stdout
     bad = tmp_path / "bad.toml"
     bad.write_text('id = "bad"\ntask = "linreg"\n[train]\nmomentum = 2\n')
     refused = ctl(live, "submit", str(bad))

@@ -158,45 +158,27 @@ def cmd_runbook(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    """Drop a job file into the daemon's spool (tmp, then rename) and report the outcome."""
-    import os
-    import shutil
-    import time
-
+    """Validate FILE here, hand it to the daemon's spool, and print the job id."""
     from jobwarden.errors import JobFileError
     from jobwarden.jobfile import load_job
 
     source = Path(args.file)
     try:
-        job_id = load_job(source).id
+        load_job(source)
     except JobFileError as error:
         sys.stderr.write(f"wardenctl submit: {source} is invalid, not submitted:\n")
         sys.stderr.write("".join(f"  {problem}\n" for problem in error.problems))
         return EXIT_USAGE
-    spool = _ask(args, "version")["spool"]
-    name = f"{job_id}-{time.time_ns()}{source.suffix or '.toml'}"
-    tmp = Path(spool["tmp"]) / name
-    shutil.copyfile(source, tmp)
-    os.rename(tmp, Path(spool["incoming"]) / name)
-    deadline = time.monotonic() + args.wait
-    rejected = Path(spool["rejected"]) / f"{name}.error.json"
-    while time.monotonic() < deadline:
-        if rejected.exists():
-            problems = json.loads(rejected.read_text())["problems"]
-            _print(
-                {"job": job_id, "accepted": False, "problems": problems},
-                args.json,
-                lambda d: f"rejected: {'; '.join(d['problems'])}",
-            )
-            return EXIT_REFUSED
-        try:
-            state = _ask(args, "status", job=job_id)["state"]
-        except ControlError:
-            time.sleep(0.02)
-            continue
-        _print({"job": job_id, "accepted": True, "state": state}, args.json, lambda d: d["job"])
+    suffix = ".json" if source.suffix == ".json" else ".toml"
+    result = _ask(args, "submit", name=source.stem + suffix, content=source.read_text())
+    if result["accepted"]:
+        _print(result, args.json, lambda d: d["job"])
         return EXIT_OK
-    sys.stderr.write(f"wardenctl submit: dropped {name}; the daemon has not claimed it yet\n")
+    _print(
+        result,
+        args.json,
+        lambda d: "rejected: " + "; ".join(d["problems"]) + f" (kept at {d['kept_at']})",
+    )
     return EXIT_REFUSED
 
 
@@ -385,11 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--task", default="linreg")
     drill.set_defaults(func=cmd_drill)
 
-    submit = commands.add_parser("submit", help="drop a job file into the spool")
+    submit = commands.add_parser("submit", help="hand a job file to the daemon's spool")
     submit.add_argument("file")
-    submit.add_argument(
-        "--wait", type=float, default=10.0, help="seconds to wait for the daemon to claim it"
-    )
     submit.add_argument("--json", action="store_true")
     submit.set_defaults(func=cmd_submit)
 

@@ -16,7 +16,7 @@ from typing import Any
 from jobwarden.errors import JobwardenError
 
 PROTOCOL_VERSION = 1
-MAX_REQUEST_BYTES = 64 * 1024
+MAX_REQUEST_BYTES = 1024 * 1024  # a job file (at most 256 KiB) JSON-escaped, with room
 
 
 class ControlError(JobwardenError):

@@ -19,6 +19,7 @@ from jobwarden.control.inspect import directory_verdicts
 from jobwarden.control.protocol import PROTOCOL_VERSION, ControlError
 from jobwarden.daemon import metrics
 from jobwarden.daemon.jobs import JobRecord
+from jobwarden.daemon.spool import Rejection
 from jobwarden.daemon.states import NEEDS_ATTENTION
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ def handlers(daemon: Wardend) -> dict[str, Handler]:
         "runbook": lambda args: runbook(daemon, args),
         "events": lambda args: events(daemon, args),
         "checkpoints": lambda args: checkpoints(daemon, args),
+        "submit": lambda args: submit(daemon, args),
         "stop": lambda args: daemon.stop_job(job_record(daemon, args)),
         "resume": lambda args: daemon.resume_job(job_record(daemon, args)),
         "metrics": lambda args: {"text": metrics.render(daemon)},
@@ -171,6 +173,50 @@ def checkpoints(daemon: Wardend, args: dict[str, Any]) -> Any:
     directory = daemon.root.checkpoints / record.checkpoint
     loop = asyncio.get_running_loop()
     return loop.run_in_executor(None, directory_verdicts, directory, record.job)
+
+
+def submit(daemon: Wardend, args: dict[str, Any]) -> Any:
+    """submit name content: the daemon drops the file into its own spool and takes it in.
+
+    Members of the control group cannot write the daemon's private state
+    directory, so the daemon performs the Maildir drop itself (write in
+    spool/tmp, fsync, rename into spool/incoming) and reports the outcome.
+    """
+    name, content = args.get("name"), args.get("content")
+    if (
+        not isinstance(name, str)
+        or not isinstance(content, str)
+        or Path(name).name != name
+        or name.startswith(".")
+        or Path(name).suffix not in (".toml", ".json")
+        or len(name) > 128
+    ):
+        raise ControlError(
+            "control.bad_request",
+            "submit needs a plain file name ending in "
+            ".toml or .json (at most 128 characters) and its text as content",
+        )
+    unique = f"{time.time_ns()}-{name}"
+    tmp = daemon.root.spool_tmp / unique
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, content.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    target = daemon.root.incoming / unique
+    os.rename(tmp, target)
+    taken = daemon.intake(target)
+    if taken is None:
+        raise ControlError("control.busy", "the request was not taken in (daemon stopping)")
+    if isinstance(taken, Rejection):
+        return {
+            "accepted": False,
+            "file": name,
+            "problems": taken.problems,
+            "kept_at": str(taken.kept_at),
+        }
+    return {"accepted": True, "job": taken.id, "state": daemon.table.records[taken.id].state.value}
 
 
 def version(daemon: Wardend) -> Any:

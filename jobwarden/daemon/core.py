@@ -34,6 +34,7 @@ from jobwarden.daemon.server import ControlServer
 from jobwarden.daemon.stall import StallWatch
 from jobwarden.daemon.states import ACTIVE, JobState
 from jobwarden.events import Event, Malformed
+from jobwarden.jobfile import Job
 
 log = structlog.get_logger("wardend")
 
@@ -220,24 +221,25 @@ class Wardend:
 
     # ---- intake and scheduling
 
-    def intake(self, path: Path) -> None:
-        """Claim and validate one request file (called on the loop)."""
+    def intake(self, path: Path) -> Job | spool.Rejection | None:
+        """Claim and validate one request file (called on the loop); returns the outcome."""
         if self.shutting_down:
-            return
+            return None
         try:
             taken = self.spool.take(path)
         except OSError as error:
             log.error("spool.error", file=str(path), error=repr(error))
-            return
+            return None
         if taken is None:
-            return
+            return None
         if isinstance(taken, spool.Rejection):
             self.counters["intake_rejected"] += 1
-            return
+            return taken
         self.counters["intake_accepted"] += 1
         self.table.add(taken)
         self.queue.append(taken.id)
         self.schedule()
+        return taken
 
     def _rescan(self) -> None:
         for path in spool.pending_requests(self.root):
