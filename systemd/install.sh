@@ -39,7 +39,11 @@ install_all() {
         "$PYTHON" -m venv "$venv"
         say "created virtual environment $venv"
     fi
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -c "$src/constraints.txt" "$src"
+    # Build from a copy, so the checkout is left as it was (no build/ or egg-info in it).
+    copy=$(mktemp -d)
+    cp -r "$src/pyproject.toml" "$src/README.md" "$src/jobwarden" "$copy/"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -c "$src/constraints.txt" "$copy"
+    rm -rf "$copy"
     say "installed jobwarden $("$venv/bin/python" -c 'import jobwarden; print(jobwarden.__version__)') and its pinned dependencies into $venv"
     rendered=$(mktemp)
     trap 'rm -f "$rendered"' RETURN

@@ -1,1 +1,0 @@
-"""Complete-state checkpoints: container format, atomic commit, store, validation, writer lock."""

@@ -1,1 +1,0 @@
-"""The operator's side: wardenctl and the tools it runs (verify, inspect)."""

@@ -1,1 +1,0 @@
-"""wardend, the supervisor daemon (spool intake, job state machine, recovery)."""

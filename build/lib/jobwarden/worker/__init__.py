@@ -1,1 +1,0 @@
-"""The training process: tasks run in a step loop that emits events and commits checkpoints."""
