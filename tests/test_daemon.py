@@ -318,3 +318,18 @@ def test_a_hundred_requests_at_once_are_all_accounted_for(daemon: Daemon) -> Non
     rejected = {p.name for p in (daemon.root / "spool" / "rejected").glob("*.toml")}
     assert rejected == {n for i, n in enumerate(names) if i % 4}
     assert len(daemon.ask("status")["jobs"]) == 25
+
+
+def test_a_second_daemon_on_the_same_root_is_refused_naming_the_holder(daemon: Daemon) -> None:
+    """One daemon per root: the second exits 73 and names the pid that holds the root."""
+    assert daemon.proc is not None
+    second = subprocess.run(
+        [sys.executable, "-m", "jobwarden.daemon", "--root", str(daemon.root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert second.returncode == 73
+    assert f"another wardend (pid {daemon.proc.pid}) already runs on {daemon.root}" in second.stderr
+    assert daemon.ask("version")["pid"] == daemon.proc.pid

@@ -38,19 +38,13 @@ class WriterLock:
         Raises `WriterLockedError` naming the holder's pid when another process has it.
         """
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-            os.close(fd)
+        fd, holder = pid_lock(self.directory / LOCK_NAME)
+        if fd is None:
             raise WriterLockedError(
                 f"checkpoint directory {self.directory} is held by writer pid {holder or '?'}",
                 directory=str(self.directory),
-                holder_pid=int(holder) if holder.isdigit() else None,
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                holder_pid=holder,
+            )
         self.fd = fd
         self.generation = read_generation(self.directory) + 1
         record = {"generation": self.generation, "pid": os.getpid(), "acquired": time.time()}
@@ -73,6 +67,25 @@ class WriterLock:
         trace: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def pid_lock(path: Path) -> tuple[int | None, int | None]:
+    """Take ``flock(LOCK_EX)`` on ``path`` without waiting and write our pid into it.
+
+    Returns (fd, None) when taken, the caller keeping the fd open for as long
+    as it holds the lock; or (None, the holder's pid if readable) when another
+    process holds it.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        return None, int(holder) if holder.isdigit() else None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd, None
 
 
 def read_generation(directory: Path) -> int:

@@ -15,11 +15,10 @@ ROOT/cache/jax/              the workers' private compilation cache (0700)
 
 from __future__ import annotations
 
-import fcntl
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobwarden.checkpoint.lock import pid_lock
 from jobwarden.errors import JobwardenError
 
 
@@ -107,17 +106,11 @@ class Root:
 
     def lock(self) -> int:
         """Take the root lock; raises `RootLockedError` naming the pid that holds it."""
-        fd = os.open(self.path / "wardend.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            os.close(fd)
+        fd, holder = pid_lock(self.path / "wardend.lock")
+        if fd is None:
             raise RootLockedError(
                 f"another wardend (pid {holder or '?'}) already runs on {self.path}",
                 root=str(self.path),
-                holder_pid=int(holder) if holder.isdigit() else None,
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                holder_pid=holder,
+            )
         return fd
