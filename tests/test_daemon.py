@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -333,3 +334,66 @@ def test_a_second_daemon_on_the_same_root_is_refused_naming_the_holder(daemon: D
     assert second.returncode == 73
     assert f"another wardend (pid {daemon.proc.pid}) already runs on {daemon.root}" in second.stderr
     assert daemon.ask("version")["pid"] == daemon.proc.pid
+
+
+def test_memory_limit_stops_the_worker_and_is_an_incident(
+    tmp_path: Path, compile_cache: Path
+) -> None:
+    """A worker over max_rss_mb is stopped; with no restarts left the job fails, recorded."""
+    with Daemon(tmp_path / "root", compile_cache, "--sample-interval", "0.1") as daemon:
+        daemon.drop(
+            "fat.toml",
+            linreg_job(
+                "fat",
+                faults={"step_delay_s": 0.5},
+                supervision={"max_rss_mb": 20, "max_restarts": 0, "stop_grace_s": 2},
+            ),
+        )
+        status = daemon.wait("fat", timeout=60)
+        (incident,) = daemon.incidents("fat")
+    assert status["state"] == "failed"
+    assert incident["kind"] == "rss_limit"
+    assert "max_rss_mb" in " ".join(incident["prevention"])
+    exit_record = json.loads(
+        (daemon.job_folder("fat") / "attempts" / "1" / "exit.json").read_text()
+    )
+    assert exit_record["stopped_by"] == "rss"
+
+
+def test_queue_is_fifo_and_respects_max_concurrent(tmp_path: Path, compile_cache: Path) -> None:
+    """With --max-concurrent 1, jobs start in arrival order and never overlap."""
+    with Daemon(tmp_path / "root", compile_cache, "--max-concurrent", "1") as daemon:
+        for name in ("first", "second", "third"):
+            daemon.drop(f"{name}.toml", linreg_job(name, run={"steps": 2}))
+            time.sleep(0.05)
+        spans = []
+        for name in ("first", "second", "third"):
+            history = daemon.wait(name)["history"]
+            started = next(h["time"] for h in history if h["to"] == "starting")
+            ended = next(h["time"] for h in history if h["to"] == "completed")
+            spans.append((started, ended))
+    assert spans == sorted(spans)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+
+
+def test_malformed_worker_output_is_kept_and_the_job_still_completes(
+    tmp_path: Path, compile_cache: Path
+) -> None:
+    """Garbage and oversized stdout lines are kept in events.jsonl, counted, never fatal."""
+    env_root = tmp_path / "root"
+    os.environ["JOBWARDEN_TEST_FAULT"] = "garbage_on_stdout"
+    try:
+        daemon = Daemon(env_root, compile_cache).start()
+    finally:
+        del os.environ["JOBWARDEN_TEST_FAULT"]
+    try:
+        daemon.drop("noisy.toml", linreg_job("noisy"))
+        assert daemon.wait("noisy")["state"] == "completed"
+        metrics = daemon.ask("metrics")["text"]
+    finally:
+        daemon.stop()
+    kept = (daemon.job_folder("noisy") / "attempts" / "1" / "events.jsonl").read_bytes()
+    assert kept.startswith(b"this is not an event\n")
+    assert b"x" * (2 << 20) in kept
+    assert b'"step": "three"' in kept
+    assert "jobwarden_malformed_event_lines_total 3.0" in metrics

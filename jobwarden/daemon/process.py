@@ -99,38 +99,53 @@ class WorkerProcess:
     async def pump(
         self, on_event: Callable[[Event], None], on_malformed: Callable[[Malformed], None]
     ) -> ExitInfo:
-        """Record and dispatch every stdout line until EOF, then reap the process."""
+        """Record every stdout byte verbatim and dispatch each line, until EOF; then reap.
+
+        Lines longer than `LINE_LIMIT` are kept in the file but reported as
+        malformed once and not parsed; nothing the worker writes can crash this.
+        """
         assert self.proc is not None
         assert self.proc.stdout is not None
         stream = self.proc.stdout
-        lineno = 0
+        buffer = bytearray()
+        lineno, skipping = 0, False
+
+        def dispatch(raw: bytes) -> None:
+            parsed = parse_line(raw.decode(errors="replace"), lineno)
+            if isinstance(parsed, Event):
+                on_event(parsed)
+            else:
+                self.malformed += 1
+                on_malformed(parsed)
+
         with (self.folder / "events.jsonl").open("ab", buffering=0) as events:
-            while True:
-                try:
-                    raw = await stream.readline()
-                except ValueError:
-                    raw = await stream.read(LINE_LIMIT)
-                    raw += b"\n"
-                    events.write(raw)
+            while chunk := await stream.read(1 << 16):
+                events.write(chunk)
+                buffer += chunk
+                while (end := buffer.find(b"\n")) >= 0:
+                    line = bytes(buffer[:end])
+                    del buffer[: end + 1]
+                    lineno += 1
+                    if skipping:
+                        skipping = False
+                    elif line.strip():
+                        dispatch(line)
+                if len(buffer) > LINE_LIMIT and not skipping:
+                    lineno += 1
                     self.malformed += 1
                     on_malformed(
                         Malformed(
-                            raw[:200].decode(errors="replace"),
+                            buffer[:200].decode(errors="replace"),
                             f"line over {LINE_LIMIT} bytes",
                             lineno,
                         )
                     )
-                    continue
-                if not raw:
-                    break
+                    skipping = True
+                if skipping:
+                    buffer.clear()
+            if buffer.strip() and not skipping:
                 lineno += 1
-                events.write(raw)
-                parsed = parse_line(raw.decode(errors="replace").rstrip("\n"), lineno)
-                if isinstance(parsed, Event):
-                    on_event(parsed)
-                else:
-                    self.malformed += 1
-                    on_malformed(parsed)
+                dispatch(bytes(buffer))
         status = await self.proc.wait()
         info = ExitInfo(
             status=status,

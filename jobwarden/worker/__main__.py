@@ -48,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         lock = WriterLock(directory).acquire()
     except JobwardenError as error:
         return emitter.failed(error)
+    if os.environ.get("JOBWARDEN_TEST_FAULT") == "garbage_on_stdout":
+        # Test-only: lines a supervisor must keep as evidence without crashing on them.
+        sys.stdout.write("this is not an event\n" + "x" * (2 << 20) + "\n")
+        sys.stdout.write('{"v": 1, "event": "progress", "step": "three"}\n')
+        sys.stdout.flush()
     pin_environment()
     from jobwarden.worker.loop import run_attempt
 
