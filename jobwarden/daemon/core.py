@@ -13,7 +13,7 @@ import os
 import signal
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +22,9 @@ import structlog
 
 from jobwarden import __version__
 from jobwarden.checkpoint.atomic import write_text_atomic
-from jobwarden.checkpoint.store import CheckpointStore
 from jobwarden.control.protocol import ControlError
-from jobwarden.daemon import commands, notify, spool
+from jobwarden.daemon import commands, diagnosis, notify, spool
+from jobwarden.daemon.attempt import Attempt
 from jobwarden.daemon.incidents import Incident, IncidentLog
 from jobwarden.daemon.jobs import JobRecord, JobTable
 from jobwarden.daemon.layout import Root
@@ -39,54 +39,11 @@ from jobwarden.jobfile import Job
 log = structlog.get_logger("wardend")
 
 S = JobState
-INCOMPATIBLE = {
-    "checkpoint.schema",
-    "checkpoint.source",
-    "checkpoint.config",
-    "checkpoint.data",
-    "checkpoint.runtime",
-    "checkpoint.tree",
-    "checkpoint.shape",
-    "checkpoint.dtype",
-    "checkpoint.step_range",
-    "checkpoint.non_finite",
-    "checkpoint.generation",
-}
-ESCALATE = {
-    "job.invalid": "invalid_request",
-    "resume.policy": "resume_policy",
-    "worker.cache_unsafe": "unsafe_cache",
-    "writer.locked": "duplicate_writer",
-    "checkpoint.none_usable": "corrupt_checkpoint",
-    **dict.fromkeys(INCOMPATIBLE, "incompatible_checkpoint"),
-}
-STALL_KILL_GRACE_S = 1.0
 # A test-only fault: block the loop on SIGUSR2, to show watchdog pings come from the loop.
 TEST_FAULT_ENV = "JOBWARDEN_TEST_FAULT"
 BLOCK_S = 2.0
 STACK_DUMP_WAIT_S = 0.3
 ORPHAN_WAIT_S = 60.0
-
-
-@dataclass
-class Attempt:
-    """One live attempt of a job, with what the loop has learned from its events."""
-
-    record: JobRecord
-    number: int
-    process: WorkerProcess
-    stall: StallWatch
-    plan: ReplayPlan | None = None
-    incident: Incident | None = None
-    failure: Event | None = None
-    completed: bool = False
-    last_event: dict[str, Any] | None = None
-    last_progress: dict[str, Any] | None = None
-    checkpoint: tuple[int, str] | None = None
-    cpu_mark: tuple[float, float] | None = None
-    stall_evidence: dict[str, Any] | None = None
-    pending_time_lost: Incident | None = None
-    resolved: list[Incident] = field(default_factory=list)
 
 
 @dataclass
@@ -571,7 +528,7 @@ class Wardend:
             status=sample.get("status"),
             cpu=cpu_gap,
         )
-        await attempt.process.stop("stall", STALL_KILL_GRACE_S)
+        await attempt.process.stop("stall", diagnosis.STALL_KILL_GRACE_S)
 
     # ---- exits and recovery
 
@@ -618,22 +575,10 @@ class Wardend:
             self._on_failure(attempt, info)
         self.schedule()
 
-    def _classify(self, attempt: Attempt, info: ExitInfo) -> str:
-        code = attempt.failure["code"] if attempt.failure is not None else None
-        if info.stopped_by == "stall":
-            return "stall"
-        if info.stopped_by == "rss":
-            return "rss_limit"
-        if code in ESCALATE:
-            return ESCALATE[code]
-        if info.status == 75:
-            return "preemption"
-        return "crash"
-
     def _on_failure(self, attempt: Attempt, info: ExitInfo) -> None:
         record, sup = attempt.record, attempt.record.job.supervision
-        kind = self._classify(attempt, info)
-        incident = self._open_incident(attempt, kind, self._symptom(attempt, info, kind))
+        kind = diagnosis.classify(attempt, info)
+        incident = self._open_incident(attempt, kind, diagnosis.symptom(attempt, info, kind))
         if attempt.incident is not None:
             earlier = attempt.incident
             earlier.status = "failed"
@@ -643,10 +588,10 @@ class Wardend:
             )
             earlier.closed = time.time()
             self.incidents.write(earlier, "incident.recovery_failed")
-        if kind in ESCALATE.values():
+        if kind in diagnosis.ESCALATE.values():
             incident.status = "escalated"
             incident.outcome = (
-                f"Escalated: {self._escalation_reason(attempt, kind)} No "
+                f"Escalated: {diagnosis.escalation_reason(attempt, kind)} No "
                 "fallback, no relaxed checks, no restart; a person decides, then "
                 "`wardenctl resume`."
             )
@@ -734,91 +679,16 @@ class Wardend:
         self.schedule()
         return {"job": record.id, "state": record.state.value}
 
-    def _escalation_reason(self, attempt: Attempt, kind: str) -> str:
-        failure = attempt.failure
-        message = failure["message"] if failure is not None else "no failure event"
-        return {
-            "incompatible_checkpoint": f"the checkpoint is incompatible ({message}).",
-            "corrupt_checkpoint": f"no usable checkpoint is left ({message}).",
-            "duplicate_writer": f"another process writes this checkpoint directory ({message}).",
-        }.get(kind, f"{message}.")
-
-    def _symptom(self, attempt: Attempt, info: ExitInfo, kind: str) -> str:
-        failure, record = attempt.failure, attempt.record
-        last = attempt.last_event or {}
-        if kind == "stall" and attempt.stall_evidence is not None:
-            ev = attempt.stall_evidence
-            cpu = ev.get("cpu_during_gap") or {}
-            verdict = (
-                "hung (using no CPU)"
-                if (cpu.get("percent") or 0) < 20
-                else "spinning (busy without progress)"
-            )
-            awaited = "ready" if ev["phase"] == "startup" else "progress"
-            return (
-                f"Attempt {attempt.number} made no {awaited} "
-                f"event for {ev['gap_s']:.2f} s (timeout {ev['timeout_s']:g} s, overshoot "
-                f"{ev['overshoot_s'] * 1000:.0f} ms) after its last event "
-                f"({last.get('event')} at step {last.get('step')}). psutil status "
-                f"{ev.get('psutil_status')}, CPU {cpu.get('cpu_s')} s over "
-                f"{cpu.get('over_s')} s ({cpu.get('percent')}%): the worker was {verdict}. "
-                f"It was stopped (SIGTERM, {STALL_KILL_GRACE_S:g} s grace, SIGKILL)."
-            )
-        how = f"was killed by {info.signal}" if info.signal else f"exited with status {info.status}"
-        what = (
-            f" ({failure['code']}: {failure['message']})"
-            if failure is not None
-            else " without a failed event"
-        )
-        return (
-            f"Attempt {attempt.number} of job {record.id} {how}{what} after "
-            f"{info.duration_s:.2f} s; its last event was {last.get('event')} at step "
-            f"{last.get('step')}."
-        )
-
     def _open_incident(self, attempt: Attempt, kind: str, symptom: str) -> Incident:
         record = attempt.record
-        number = len(record.incidents) + 1
-        incident = Incident(
-            id=f"{record.id}-{number}",
-            job=record.id,
-            kind=kind,
-            opened=time.time(),
-            attempt=attempt.number,
-            symptom=symptom,
+        incident = diagnosis.failure_incident(
+            attempt,
+            kind,
+            symptom,
+            len(record.incidents) + 1,
+            self.root.checkpoints / record.checkpoint,
         )
         self._register(record, incident)
-        folder = attempt.process.folder
-        incident.evidence = {
-            "events": str(folder / "events.jsonl"),
-            "stderr": str(folder / "stderr.log"),
-            "exit": str(folder / "exit.json"),
-            "attempt job file": str(folder / "job.json"),
-        }
-        if attempt.stall_evidence is not None:
-            incident.evidence["stack dump"] = attempt.stall_evidence["stack_dump_file"]
-            incident.details.update(
-                {k: v for k, v in attempt.stall_evidence.items() if k != "stack_dump_file"}
-            )
-        plan = ReplayPlan.from_events(attempt.number, folder / "events.jsonl")
-        checkpoint = attempt.checkpoint
-        if checkpoint is None:
-            committed = (
-                CheckpointStore(self.root.checkpoints / record.checkpoint).committed()
-                if (self.root.checkpoints / record.checkpoint).is_dir()
-                else []
-            )
-            checkpoint = (committed[-1][0], str(committed[-1][1])) if committed else None
-        incident.boundary = {
-            "last_logged_step": plan.last_logged_step,
-            "last_logged_hash": plan.logged.get(plan.last_logged_step),
-            "checkpoint_step": checkpoint[0] if checkpoint else None,
-            "checkpoint_file": checkpoint[1] if checkpoint else None,
-        }
-        incident.details["last_progress_time"] = plan.last_progress_time
-        if attempt.failure is not None:
-            incident.details["failure"] = dict(attempt.failure.fields)
-        incident.prevention = self._prevention(attempt, kind, incident)
         self.incidents.write(incident, "incident.detected")
         log.warning("incident.detected", job=record.id, incident=incident.id, kind=kind)
         return incident
@@ -827,78 +697,9 @@ class Wardend:
         record.incidents.append(incident.id)
         self.incident_kinds[incident.kind] = self.incident_kinds.get(incident.kind, 0) + 1
 
-    def _prevention(self, attempt: Attempt, kind: str, incident: Incident) -> list[str]:
-        job = attempt.record.job
-        faults = job.faults if attempt.number == 1 or job.faults.every_attempt else None
-        lines = []
-        if faults is not None and faults.active():
-            set_faults = {
-                k: v
-                for k, v in faults.model_dump().items()
-                if v is not None
-                and k in ("fail_after", "crash_after", "crash_in_commit", "stall_at")
-            }
-            lines.append(
-                f"This failure was injected by a drill ([faults] {set_faults}); drill "
-                "faults apply to the first attempt only. Nothing to fix in the model; "
-                "keep [faults] out of production job files."
-            )
-        elif kind == "crash":
-            lines.append(
-                f"Read the traceback in {incident.evidence['stderr']} and fix the "
-                "cause before the next run; a restart only repeats a deterministic "
-                "failure."
-            )
-        elif kind == "stall":
-            lines.append(
-                f"Read the stack dump in {incident.evidence.get('stack dump')}: the "
-                "innermost frame of the main thread is where the worker waited."
-            )
-        elif kind == "rss_limit":
-            lines.append(
-                f"Raise [supervision] max_rss_mb (now {job.supervision.max_rss_mb}) "
-                "or shrink the state."
-            )
-        last = incident.boundary.get("last_logged_step") or 0
-        saved = incident.boundary.get("checkpoint_step") or 0
-        if last > saved:
-            lines.append(
-                f"{last - saved} update(s) past the newest checkpoint had to be "
-                f"replayed; checkpoint_every = {job.run.checkpoint_every} bounds that "
-                "loss, lower it if replay costs too much."
-            )
-        return lines
-
     def _refuse_duplicate(self, record: JobRecord, owner: JobRecord) -> None:
-        incident = Incident(
-            id=f"{record.id}-{len(record.incidents) + 1}",
-            job=record.id,
-            kind="duplicate_writer",
-            opened=time.time(),
-            attempt=record.attempt,
-            symptom=(
-                f"Job {record.id} asked to write checkpoint '{record.checkpoint}', which "
-                f"live job {owner.id} (pid {owner.pid}) owns."
-            ),
-            evidence={
-                "request": str(self.root.job(record.id) / "job.json"),
-                "owner state": str(self.root.job(owner.id) / "state.json"),
-            },
-            boundary={
-                "checkpoint_step": owner.newest_checkpoint_step,
-                "checkpoint_file": str(self.root.checkpoints / record.checkpoint),
-            },
-            status="escalated",
-            outcome=(
-                "Duplicate writer prevented: no worker was started for this job, so the "
-                f"checkpoints of {owner.id} are untouched. Escalated for a person to "
-                "decide (rename the checkpoint, or resume once the owner has finished)."
-            ),
-            prevention=[
-                "Give every concurrent job its own checkpoint name; two jobs share "
-                "a checkpoint only to continue one another, one after the other."
-            ],
-            closed=time.time(),
+        incident = diagnosis.duplicate_writer_incident(
+            record, owner, len(record.incidents) + 1, self.root
         )
         self._register(record, incident)
         self.incidents.write(incident, "incident.duplicate_writer_prevented")
@@ -935,36 +736,8 @@ class Wardend:
             await self._wait_for_orphan(previous, record.pid_started)
         folder = self.root.job(record.id) / "attempts" / str(record.attempt)
         plan = ReplayPlan.from_events(record.attempt, folder / "events.jsonl")
-        planned = record.state is S.PREEMPTED
-        symptom = (
-            f"The daemon was stopped and preempted attempt {record.attempt} at step "
-            f"{record.step}; the daemon has restarted."
-            if planned
-            else f"The daemon stopped while attempt {record.attempt} was {record.state.value} "
-            f"(last logged update {plan.last_logged_step}); the daemon has restarted "
-            f"and its worker (pid {previous}) is gone."
-        )
-        incident = Incident(
-            id=f"{record.id}-{len(record.incidents) + 1}",
-            job=record.id,
-            kind="daemon_restart",
-            opened=time.time(),
-            attempt=record.attempt,
-            symptom=symptom,
-            evidence={"events": str(folder / "events.jsonl"), "stderr": str(folder / "stderr.log")},
-            boundary={
-                "last_logged_step": plan.last_logged_step,
-                "last_logged_hash": plan.logged.get(plan.last_logged_step),
-                "checkpoint_step": record.newest_checkpoint_step,
-                "checkpoint_file": None,
-            },
-            details={"last_progress_time": plan.last_progress_time},
-            prevention=[
-                "Stop the daemon with SIGTERM (systemctl stop) so every "
-                "worker commits its current step first."
-                if not planned
-                else "None needed: a planned stop; each worker committed its current step."
-            ],
+        incident = diagnosis.restart_incident(
+            record, plan, folder, previous, len(record.incidents) + 1
         )
         self._register(record, incident)
         self.incidents.write(incident, "incident.detected")

@@ -1,0 +1,262 @@
+"""Diagnosis: what kind of failure an attempt had, and how its incident reads.
+
+Pure functions of the attempt's evidence, so the loop in `core` only decides
+what to do next.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from jobwarden.checkpoint.store import CheckpointStore
+from jobwarden.daemon.attempt import Attempt
+from jobwarden.daemon.incidents import Incident
+from jobwarden.daemon.jobs import JobRecord
+from jobwarden.daemon.layout import Root
+from jobwarden.daemon.process import ExitInfo
+from jobwarden.daemon.recovery import ReplayPlan
+from jobwarden.daemon.states import JobState
+
+INCOMPATIBLE = {
+    "checkpoint.schema",
+    "checkpoint.source",
+    "checkpoint.config",
+    "checkpoint.data",
+    "checkpoint.runtime",
+    "checkpoint.tree",
+    "checkpoint.shape",
+    "checkpoint.dtype",
+    "checkpoint.step_range",
+    "checkpoint.non_finite",
+    "checkpoint.generation",
+}
+ESCALATE = {
+    "job.invalid": "invalid_request",
+    "resume.policy": "resume_policy",
+    "worker.cache_unsafe": "unsafe_cache",
+    "writer.locked": "duplicate_writer",
+    "checkpoint.none_usable": "corrupt_checkpoint",
+    **dict.fromkeys(INCOMPATIBLE, "incompatible_checkpoint"),
+}
+STALL_KILL_GRACE_S = 1.0
+
+
+def classify(attempt: Attempt, info: ExitInfo) -> str:
+    """The incident kind of an attempt that ended without completing."""
+    code = attempt.failure["code"] if attempt.failure is not None else None
+    if info.stopped_by == "stall":
+        return "stall"
+    if info.stopped_by == "rss":
+        return "rss_limit"
+    if code in ESCALATE:
+        return ESCALATE[code]
+    if info.status == 75:
+        return "preemption"
+    return "crash"
+
+
+def escalation_reason(attempt: Attempt, kind: str) -> str:
+    """Why an escalated failure needs a person, in one sentence."""
+    failure = attempt.failure
+    message = failure["message"] if failure is not None else "no failure event"
+    return {
+        "incompatible_checkpoint": f"the checkpoint is incompatible ({message}).",
+        "corrupt_checkpoint": f"no usable checkpoint is left ({message}).",
+        "duplicate_writer": f"another process writes this checkpoint directory ({message}).",
+    }.get(kind, f"{message}.")
+
+
+def symptom(attempt: Attempt, info: ExitInfo, kind: str) -> str:
+    """What was seen, from the attempt's own evidence."""
+    failure, record = attempt.failure, attempt.record
+    last = attempt.last_event or {}
+    if kind == "stall" and attempt.stall_evidence is not None:
+        ev = attempt.stall_evidence
+        cpu = ev.get("cpu_during_gap") or {}
+        verdict = (
+            "hung (using no CPU)"
+            if (cpu.get("percent") or 0) < 20
+            else "spinning (busy without progress)"
+        )
+        awaited = "ready" if ev["phase"] == "startup" else "progress"
+        return (
+            f"Attempt {attempt.number} made no {awaited} "
+            f"event for {ev['gap_s']:.2f} s (timeout {ev['timeout_s']:g} s, overshoot "
+            f"{ev['overshoot_s'] * 1000:.0f} ms) after its last event "
+            f"({last.get('event')} at step {last.get('step')}). psutil status "
+            f"{ev.get('psutil_status')}, CPU {cpu.get('cpu_s')} s over "
+            f"{cpu.get('over_s')} s ({cpu.get('percent')}%): the worker was {verdict}. "
+            f"It was stopped (SIGTERM, {STALL_KILL_GRACE_S:g} s grace, SIGKILL)."
+        )
+    how = f"was killed by {info.signal}" if info.signal else f"exited with status {info.status}"
+    what = (
+        f" ({failure['code']}: {failure['message']})"
+        if failure is not None
+        else " without a failed event"
+    )
+    return (
+        f"Attempt {attempt.number} of job {record.id} {how}{what} after "
+        f"{info.duration_s:.2f} s; its last event was {last.get('event')} at step "
+        f"{last.get('step')}."
+    )
+
+
+def prevention(attempt: Attempt, kind: str, incident: Incident) -> list[str]:
+    """Prevention work derived from the failure, kept apart from the restoration."""
+    job = attempt.record.job
+    faults = job.faults if attempt.number == 1 or job.faults.every_attempt else None
+    lines = []
+    if faults is not None and faults.active():
+        set_faults = {
+            k: v
+            for k, v in faults.model_dump().items()
+            if v is not None and k in ("fail_after", "crash_after", "crash_in_commit", "stall_at")
+        }
+        lines.append(
+            f"This failure was injected by a drill ([faults] {set_faults}); drill "
+            "faults apply to the first attempt only. Nothing to fix in the model; "
+            "keep [faults] out of production job files."
+        )
+    elif kind == "crash":
+        lines.append(
+            f"Read the traceback in {incident.evidence['stderr']} and fix the "
+            "cause before the next run; a restart only repeats a deterministic "
+            "failure."
+        )
+    elif kind == "stall":
+        lines.append(
+            f"Read the stack dump in {incident.evidence.get('stack dump')}: the "
+            "innermost frame of the main thread is where the worker waited."
+        )
+    elif kind == "rss_limit":
+        lines.append(
+            f"Raise [supervision] max_rss_mb (now {job.supervision.max_rss_mb}) "
+            "or shrink the state."
+        )
+    last = incident.boundary.get("last_logged_step") or 0
+    saved = incident.boundary.get("checkpoint_step") or 0
+    if last > saved:
+        lines.append(
+            f"{last - saved} update(s) past the newest checkpoint had to be "
+            f"replayed; checkpoint_every = {job.run.checkpoint_every} bounds that "
+            "loss, lower it if replay costs too much."
+        )
+    return lines
+
+
+def failure_incident(
+    attempt: Attempt, kind: str, symptom_text: str, number: int, checkpoint_dir: Path
+) -> Incident:
+    """A new incident for a failed attempt: its evidence, failure boundary and prevention."""
+    record = attempt.record
+    folder = attempt.process.folder
+    incident = Incident(
+        id=f"{record.id}-{number}",
+        job=record.id,
+        kind=kind,
+        opened=time.time(),
+        attempt=attempt.number,
+        symptom=symptom_text,
+    )
+    incident.evidence = {
+        "events": str(folder / "events.jsonl"),
+        "stderr": str(folder / "stderr.log"),
+        "exit": str(folder / "exit.json"),
+        "attempt job file": str(folder / "job.json"),
+    }
+    if attempt.stall_evidence is not None:
+        incident.evidence["stack dump"] = attempt.stall_evidence["stack_dump_file"]
+        incident.details.update(
+            {k: v for k, v in attempt.stall_evidence.items() if k != "stack_dump_file"}
+        )
+    plan = ReplayPlan.from_events(attempt.number, folder / "events.jsonl")
+    checkpoint = attempt.checkpoint
+    if checkpoint is None and checkpoint_dir.is_dir():
+        committed = CheckpointStore(checkpoint_dir).committed()
+        checkpoint = (committed[-1][0], str(committed[-1][1])) if committed else None
+    incident.boundary = {
+        "last_logged_step": plan.last_logged_step,
+        "last_logged_hash": plan.logged.get(plan.last_logged_step),
+        "checkpoint_step": checkpoint[0] if checkpoint else None,
+        "checkpoint_file": checkpoint[1] if checkpoint else None,
+    }
+    incident.details["last_progress_time"] = plan.last_progress_time
+    if attempt.failure is not None:
+        incident.details["failure"] = dict(attempt.failure.fields)
+    incident.prevention = prevention(attempt, kind, incident)
+    return incident
+
+
+def restart_incident(
+    record: JobRecord, plan: ReplayPlan, folder: Path, previous_pid: int | None, number: int
+) -> Incident:
+    """The incident of a job found active (or preempted by a stop) when the daemon starts."""
+    planned = record.state is JobState.PREEMPTED
+    text = (
+        f"The daemon was stopped and preempted attempt {record.attempt} at step "
+        f"{record.step}; the daemon has restarted."
+        if planned
+        else f"The daemon stopped while attempt {record.attempt} was {record.state.value} "
+        f"(last logged update {plan.last_logged_step}); the daemon has restarted and its "
+        f"worker (pid {previous_pid}) is gone."
+    )
+    return Incident(
+        id=f"{record.id}-{number}",
+        job=record.id,
+        kind="daemon_restart",
+        opened=time.time(),
+        attempt=record.attempt,
+        symptom=text,
+        evidence={"events": str(folder / "events.jsonl"), "stderr": str(folder / "stderr.log")},
+        boundary={
+            "last_logged_step": plan.last_logged_step,
+            "last_logged_hash": plan.logged.get(plan.last_logged_step),
+            "checkpoint_step": record.newest_checkpoint_step,
+            "checkpoint_file": None,
+        },
+        details={"last_progress_time": plan.last_progress_time},
+        prevention=[
+            "None needed: a planned stop; each worker committed its current step."
+            if planned
+            else "Stop the daemon with SIGTERM (systemctl stop) so every worker commits "
+            "its current step first."
+        ],
+    )
+
+
+def duplicate_writer_incident(
+    record: JobRecord, owner: JobRecord, number: int, root: Root
+) -> Incident:
+    """The incident of a job refused because a live job owns its checkpoint."""
+    now = time.time()
+    return Incident(
+        id=f"{record.id}-{number}",
+        job=record.id,
+        kind="duplicate_writer",
+        opened=now,
+        attempt=record.attempt,
+        symptom=(
+            f"Job {record.id} asked to write checkpoint '{record.checkpoint}', which live "
+            f"job {owner.id} (pid {owner.pid}) owns."
+        ),
+        evidence={
+            "request": str(root.job(record.id) / "job.json"),
+            "owner state": str(root.job(owner.id) / "state.json"),
+        },
+        boundary={
+            "checkpoint_step": owner.newest_checkpoint_step,
+            "checkpoint_file": str(root.checkpoints / record.checkpoint),
+        },
+        status="escalated",
+        outcome=(
+            "Duplicate writer prevented: no worker was started for this job, so the "
+            f"checkpoints of {owner.id} are untouched. Escalated for a person to decide "
+            "(rename the checkpoint, or resume once the owner has finished)."
+        ),
+        prevention=[
+            "Give every concurrent job its own checkpoint name; two jobs share a "
+            "checkpoint only to continue one another, one after the other."
+        ],
+        closed=now,
+    )
