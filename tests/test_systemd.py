@@ -215,7 +215,7 @@ def test_staged_install_is_idempotent_and_uninstall_removes_it(tmp_path: Path) -
     assert f"created virtual environment {stage}/opt/jobwarden/venv" in first
     assert f"installed {unit}" in first
     assert "daemon-reload skipped" in first
-    assert "ExecStart=/opt/jobwarden/venv/bin/wardend" in unit.read_text()
+    assert "ExecStart=/usr/bin/env /opt/jobwarden/venv/bin/wardend" in unit.read_text()
     assert (stage / "usr" / "lib" / "sysusers.d" / "jobwarden.conf").is_file()
     wardend = stage / "opt" / "jobwarden" / "venv" / "bin" / "wardend"
     assert (
