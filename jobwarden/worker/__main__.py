@@ -8,6 +8,7 @@ set here, before JAX is imported.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -60,5 +61,17 @@ def main(argv: list[str] | None = None) -> int:
     return run_attempt(job, directory, emitter, lock, cache)
 
 
+def exit_now(status: int) -> None:
+    """Flush and leave at once, skipping interpreter and JAX teardown.
+
+    Everything that matters is already durable (checkpoints are fsynced, events
+    flushed); the teardown only delays the supervisor's recovery by about 0.2 s.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # the reader may be gone
+            stream.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
