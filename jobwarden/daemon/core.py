@@ -33,6 +33,7 @@ from jobwarden.daemon.recovery import ReplayPlan
 from jobwarden.daemon.server import ControlServer
 from jobwarden.daemon.stall import StallWatch
 from jobwarden.daemon.states import ACTIVE, JobState
+from jobwarden.daemon.verification import ReplayVerifier
 from jobwarden.events import Event, Malformed
 from jobwarden.jobfile import Job
 
@@ -42,7 +43,6 @@ S = JobState
 # A test-only fault: block the loop on SIGUSR2, to show watchdog pings come from the loop.
 TEST_FAULT_ENV = "JOBWARDEN_TEST_FAULT"
 BLOCK_S = 2.0
-STACK_DUMP_WAIT_S = 0.3
 ORPHAN_WAIT_S = 60.0
 
 
@@ -84,6 +84,7 @@ class Wardend:
         self.relaunch: dict[str, asyncio.TimerHandle] = {}
         self.incident_kinds: dict[str, int] = {}
         self.checkpoint_totals: dict[str, float] = {"count": 0, "bytes": 0, "seconds": 0.0}
+        self.verifier = ReplayVerifier(self.table, self.incidents)
         self.notifier = notify.Notifier()
         self.last_status = ""
         self.server = ControlServer(
@@ -295,27 +296,19 @@ class Wardend:
         attempt.last_event = {k: v for k, v in event.fields.items() if k != "components"}
         kind = event.kind
         if kind == "restored":
-            self._on_restored(attempt, event)
+            self.verifier.restored(attempt, event)
         elif kind == "ready":
             attempt.stall.alive(sup.stall_timeout_s)
             if record.state is S.STARTING:
                 self.table.transition(record, S.RUNNING, f"attempt {attempt.number} ready")
             if attempt.plan is not None:
-                self._on_recovery_ready(attempt, event)
+                self.verifier.ready(attempt, event)
         elif kind == "progress":
             attempt.stall.alive(sup.stall_timeout_s)
             record.step, record.last_progress = event["step"], time.time()
             attempt.last_progress = attempt.last_event
             self._mark_cpu(attempt)
-            if attempt.plan is not None:
-                plan = attempt.plan
-                if not plan.observe(event["step"], event.get("state_hash"), "update"):
-                    self._escalate_mismatch(attempt)
-                    return
-                if plan.done(event["step"]):
-                    self._finish_verification(attempt)
-            if attempt.pending_time_lost is not None:
-                self._record_time_lost(attempt, event)
+            self.verifier.progress(attempt, event)
         elif kind == "checkpoint":
             attempt.stall.alive(sup.stall_timeout_s)
             attempt.checkpoint = (event["step"], event["file"])
@@ -336,137 +329,6 @@ class Wardend:
             if cpu is not None:
                 attempt.cpu_mark = (now, cpu)
 
-    def _on_restored(self, attempt: Attempt, event: Event) -> None:
-        attempt.record.newest_checkpoint_step = event["step"]
-        if attempt.plan is None or attempt.incident is None:
-            return
-        attempt.plan.restored_step = event["step"]
-        incident = attempt.incident
-        incident.recovery_point = {
-            "step": event["step"],
-            "file": event["file"],
-            "checks": event["checks"],
-            "checksum": event.get("checksum"),
-            "state_hash": event["state_hash"],
-            "writer_generation": event.get("writer_generation"),
-            "skipped": event["skipped"],
-        }
-        for skipped in event["skipped"]:
-            incident.evidence[f"quarantined {skipped['file']}"] = skipped["quarantined_to"]
-        self.incidents.write(incident, "incident.recovery_point")
-
-    def _on_recovery_ready(self, attempt: Attempt, event: Event) -> None:
-        plan, incident = attempt.plan, attempt.incident
-        assert plan is not None
-        if plan.restored_step is None:
-            plan.restored_step = event["step"]
-            if incident is not None and event["step"] == 0:
-                incident.recovery_point = {"fresh": True, "step": 0}
-        if incident is not None:
-            incident.replayed_steps = plan.to_verify()
-            delay = incident.details.get("backoff_s", 0.0)
-            incident.action = {
-                "attempt": attempt.number,
-                "pid": attempt.process.pid,
-                "writer_generation": event.get("generation"),
-                "text": (
-                    f"Started attempt {attempt.number} (pid {attempt.process.pid}, writer "
-                    f"generation {event.get('generation')}) as the single writer of "
-                    f"checkpoint '{attempt.record.checkpoint}', with faults off, resuming "
-                    f"from step {plan.restored_step} after a {delay:.2f} s backoff (restart "
-                    f"{attempt.record.restarts} of at most "
-                    f"{attempt.record.job.supervision.max_restarts})."
-                ),
-            }
-        if not plan.observe(event["step"], event["state_hash"], "restored state"):
-            self._escalate_mismatch(attempt)
-            return
-        if plan.done(event["step"]):
-            self._finish_verification(attempt)
-
-    def _finish_verification(self, attempt: Attempt) -> None:
-        plan, incident, record = attempt.plan, attempt.incident, attempt.record
-        assert plan is not None
-        attempt.plan = None
-        record.replayed_updates += plan.replayed_updates
-        verdict = plan.verdict()
-        if incident is not None:
-            replayed = [c["step"] for c in plan.checks if c["what"] == "update"]
-            text = (
-                f"verified: all {len(plan.checks)} logged state(s) reproduced exactly "
-                f"(restored state and updates {', '.join(map(str, replayed)) or 'none'})."
-                if verdict == "verified"
-                else "unverified: the failed attempt logged no state at or after the recovery "
-                "point, so there was nothing to compare; the restored checkpoint passed "
-                "every validation check."
-            )
-            incident.verification = {"verdict": verdict, "checks": plan.checks, "text": text}
-            incident.status = verdict
-            incident.outcome = (
-                f"Recovered: attempt {attempt.number} continues the same "
-                f"experiment from step {plan.restored_step}; the job runs on."
-            )
-            incident.closed = time.time()
-            attempt.resolved.append(incident)
-            attempt.pending_time_lost = incident
-            if plan.last_progress_time is None:
-                attempt.pending_time_lost = None
-            self.incidents.write(incident, f"incident.{verdict}")
-        if record.state is S.RECOVERING:
-            self.table.transition(record, S.RUNNING, f"recovery {verdict}", verdict=verdict)
-        attempt.incident = None
-
-    def _record_time_lost(self, attempt: Attempt, event: Event) -> None:
-        incident = attempt.pending_time_lost
-        assert incident is not None
-        last_logged = incident.boundary.get("last_logged_step", 0)
-        if event["step"] <= last_logged:
-            return
-        attempt.pending_time_lost = None
-        lost_since = incident.details.get("last_progress_time") or incident.opened
-        incident.time_lost_s = max(0.0, event["time"] - lost_since)
-        attempt.record.time_lost_s += incident.time_lost_s
-        self.table.save(attempt.record)
-        self.incidents.write(incident, "incident.goodput")
-
-    def _escalate_mismatch(self, attempt: Attempt) -> None:
-        plan, record = attempt.plan, attempt.record
-        assert plan is not None
-        assert plan.mismatch is not None
-        bad = plan.mismatch
-        incident = attempt.incident or self._open_incident(
-            attempt, "replay_mismatch", "A resumed attempt diverged from the logged run."
-        )
-        incident.verification = {
-            "verdict": "mismatch",
-            "checks": plan.checks,
-            "text": (
-                f"MISMATCH at step {bad['step']} ({bad['what']}): the failed attempt logged "
-                f"`{bad['logged']}`, the resumed attempt produced `{bad['found']}`. The "
-                "resumed run is a different experiment."
-            ),
-        }
-        incident.status = "escalated"
-        incident.outcome = (
-            "Escalated: the worker was stopped at once (SIGKILL, so it commits "
-            "nothing more), every file is kept, and no restart follows. A person "
-            "must compare the saved key, momentum, step and the data, config and "
-            "source hashes (wardenctl inspect) before deciding."
-        )
-        incident.prevention.append(
-            "Find why the replay differs before resuming: a changed "
-            "runtime, nondeterministic kernels, or state the checkpoint "
-            "does not hold."
-        )
-        incident.closed = time.time()
-        self.incidents.write(incident, "incident.escalated")
-        attempt.plan = None
-        attempt.process.stop_reason = "mismatch"
-        attempt.process.kill_group()
-        self.table.transition(
-            record, S.ESCALATED, f"replay mismatch at step {bad['step']}", incident=incident.id
-        )
-
     # ---- stalls
 
     def _on_stall(self, attempt: Attempt, phase: str, gap: float) -> None:
@@ -479,38 +341,8 @@ class Wardend:
     async def _handle_stall(self, attempt: Attempt, phase: str, gap: float) -> None:
         sup, record = attempt.record.job.supervision, attempt.record
         timeout = sup.startup_timeout_s if phase == "startup" else sup.stall_timeout_s
-        sample = attempt.process.sample()
-        cpu_gap = None
-        if attempt.cpu_mark is not None and "cpu_s" in sample:
-            mark_time, mark_cpu = attempt.cpu_mark
-            span = time.monotonic() - mark_time
-            used = sample["cpu_s"] - mark_cpu
-            cpu_gap = {
-                "cpu_s": round(used, 3),
-                "over_s": round(span, 3),
-                "percent": round(100 * used / span, 1) if span > 0 else None,
-            }
-        stderr_path = attempt.process.folder / "stderr.log"
-        offset = stderr_path.stat().st_size if stderr_path.exists() else 0
-        attempt.process.signal(signal.SIGUSR1)
-        await asyncio.sleep(STACK_DUMP_WAIT_S)
-        with stderr_path.open("rb") as stream:
-            stream.seek(offset)
-            dump = stream.read(64 * 1024).decode(errors="replace")
-        dump_path = attempt.process.folder / "stack-dump.txt"
-        dump_path.write_text(dump)
-        attempt.stall_evidence = {
-            "phase": phase,
-            "timeout_s": timeout,
-            "gap_s": round(gap, 4),
-            "overshoot_s": round(gap - timeout, 4),
-            "last_event": attempt.last_event,
-            "last_progress": attempt.last_progress,
-            "psutil_status": sample.get("status"),
-            "cpu_during_gap": cpu_gap,
-            "stack_dump": dump,
-            "stack_dump_file": str(dump_path),
-        }
+        attempt.stall_evidence = await diagnosis.stall_evidence(attempt, phase, gap, timeout)
+        evidence = attempt.stall_evidence
         if record.state in (S.RUNNING, S.STARTING, S.RECOVERING):
             self.table.transition(
                 record,
@@ -525,8 +357,8 @@ class Wardend:
             attempt=attempt.number,
             phase=phase,
             gap_s=gap,
-            status=sample.get("status"),
-            cpu=cpu_gap,
+            status=evidence["psutil_status"],
+            cpu=evidence["cpu_during_gap"],
         )
         await attempt.process.stop("stall", diagnosis.STALL_KILL_GRACE_S)
 
@@ -564,7 +396,7 @@ class Wardend:
             )
         elif info.status == 0 and attempt.completed:
             if attempt.plan is not None:
-                self._finish_verification(attempt)
+                self.verifier.finish(attempt)
             for incident in attempt.resolved:
                 incident.outcome += f" The job then completed at step {record.step}."
                 self.incidents.write(incident, "incident.job_completed")

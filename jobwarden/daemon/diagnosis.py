@@ -6,8 +6,11 @@ what to do next.
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import time
 from pathlib import Path
+from typing import Any
 
 from jobwarden.checkpoint.store import CheckpointStore
 from jobwarden.daemon.attempt import Attempt
@@ -40,6 +43,7 @@ ESCALATE = {
     **dict.fromkeys(INCOMPATIBLE, "incompatible_checkpoint"),
 }
 STALL_KILL_GRACE_S = 1.0
+STACK_DUMP_WAIT_S = 0.3
 
 
 def classify(attempt: Attempt, info: ExitInfo) -> str:
@@ -260,3 +264,46 @@ def duplicate_writer_incident(
         ],
         closed=now,
     )
+
+
+async def stall_evidence(
+    attempt: Attempt, phase: str, gap: float, timeout: float
+) -> dict[str, Any]:
+    """What a stalled worker was doing: psutil status, CPU used in the gap, every thread's stack.
+
+    The stack dump comes from the worker's faulthandler (SIGUSR1), read back from
+    its stderr and also kept as ``stack-dump.txt``.  About 0 % CPU is a hung
+    worker, about 100 % a spinning one.
+    """
+    sample = attempt.process.sample()
+    cpu_gap = None
+    if attempt.cpu_mark is not None and "cpu_s" in sample:
+        mark_time, mark_cpu = attempt.cpu_mark
+        span = time.monotonic() - mark_time
+        used = sample["cpu_s"] - mark_cpu
+        cpu_gap = {
+            "cpu_s": round(used, 3),
+            "over_s": round(span, 3),
+            "percent": round(100 * used / span, 1) if span > 0 else None,
+        }
+    stderr_path = attempt.process.folder / "stderr.log"
+    offset = stderr_path.stat().st_size if stderr_path.exists() else 0
+    attempt.process.signal(signal.SIGUSR1)
+    await asyncio.sleep(STACK_DUMP_WAIT_S)
+    with stderr_path.open("rb") as stream:
+        stream.seek(offset)
+        dump = stream.read(64 * 1024).decode(errors="replace")
+    dump_path = attempt.process.folder / "stack-dump.txt"
+    dump_path.write_text(dump)
+    return {
+        "phase": phase,
+        "timeout_s": timeout,
+        "gap_s": round(gap, 4),
+        "overshoot_s": round(gap - timeout, 4),
+        "last_event": attempt.last_event,
+        "last_progress": attempt.last_progress,
+        "psutil_status": sample.get("status"),
+        "cpu_during_gap": cpu_gap,
+        "stack_dump": dump,
+        "stack_dump_file": str(dump_path),
+    }
