@@ -17,7 +17,15 @@ from jobwarden.checkpoint import atomic, format
 from jobwarden.events import Event, read_events
 from jobwarden.hashing import state_hash
 
-__all__ = ["AttemptResult", "job", "kinds", "rewrite_checkpoint", "run_worker", "toml_value"]
+__all__ = [
+    "AttemptResult",
+    "job",
+    "kinds",
+    "rewrite_checkpoint",
+    "run_worker",
+    "toml_value",
+    "worker_command",
+]
 
 
 @dataclass(frozen=True)
@@ -32,11 +40,8 @@ class AttemptResult:
         return [e for e in read_events(self.folder / "events.jsonl") if isinstance(e, Event)]
 
 
-def run_worker(
-    job: Path, checkpoint_dir: Path, folder: Path, cache: Path | None = None, timeout: float = 300
-) -> AttemptResult:
-    """Run ``python -m jobwarden.worker`` to completion, keeping its events and stderr."""
-    folder.mkdir(parents=True, exist_ok=True)
+def worker_command(job: Path, checkpoint_dir: Path, cache: Path | None = None) -> list[str]:
+    """The worker's command line, as an operator types it."""
     argv = [
         sys.executable,
         "-m",
@@ -46,8 +51,15 @@ def run_worker(
         "--checkpoint-dir",
         str(checkpoint_dir),
     ]
-    if cache is not None:
-        argv += ["--compile-cache", str(cache)]
+    return argv + (["--compile-cache", str(cache)] if cache is not None else [])
+
+
+def run_worker(
+    job: Path, checkpoint_dir: Path, folder: Path, cache: Path | None = None, timeout: float = 300
+) -> AttemptResult:
+    """Run ``python -m jobwarden.worker`` to completion, keeping its events and stderr."""
+    folder.mkdir(parents=True, exist_ok=True)
+    argv = worker_command(job, checkpoint_dir, cache)
     with (folder / "events.jsonl").open("wb") as out, (folder / "stderr.log").open("wb") as err:
         status = subprocess.run(
             argv, stdout=out, stderr=err, timeout=timeout, check=False

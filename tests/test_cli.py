@@ -10,7 +10,7 @@ from pathlib import Path
 from jobwarden.checkpoint.store import file_name
 from jobwarden.errors import exit_status_table
 from tests.conftest import Runner
-from tests.helpers import AttemptResult, job, kinds
+from tests.helpers import AttemptResult, job, kinds, worker_command
 
 WARDENCTL = [sys.executable, "-m", "jobwarden.control.cli"]
 
@@ -85,15 +85,7 @@ def test_invalid_job_file_exits_with_its_own_status(tmp_path: Path) -> None:
     spec = tmp_path / "bad.toml"
     spec.write_text('id = "x"\ntask = "linreg"\n[train]\nbatch_size = 0\n')
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jobwarden.worker",
-            "--job",
-            str(spec),
-            "--checkpoint-dir",
-            str(tmp_path / "ck"),
-        ],
+        worker_command(spec, tmp_path / "ck"),
         capture_output=True,
         text=True,
         check=False,
@@ -112,17 +104,7 @@ def test_shared_compilation_cache_is_refused(worker: Runner, tmp_path: Path) -> 
     unsafe.mkdir(mode=0o777)
     unsafe.chmod(0o777)
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jobwarden.worker",
-            "--job",
-            str(job(tmp_path / "j.toml", "x")),
-            "--checkpoint-dir",
-            str(tmp_path / "ck"),
-            "--compile-cache",
-            str(unsafe),
-        ],
+        worker_command(job(tmp_path / "j.toml", "x"), tmp_path / "ck", unsafe),
         capture_output=True,
         text=True,
         check=False,

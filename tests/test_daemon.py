@@ -17,7 +17,7 @@ import pytest
 from jobwarden.checkpoint import format
 from jobwarden.control import verify
 from tests.daemon import Daemon, linreg_job
-from tests.helpers import AttemptResult, kinds
+from tests.helpers import AttemptResult, kinds, worker_command
 
 
 @pytest.fixture
@@ -143,17 +143,7 @@ def test_duplicate_writers_are_refused_and_touch_nothing(
     spec = tmp_path / "hand.toml"
     spec.write_text(linreg_job("owner", "shared"))
     hand = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jobwarden.worker",
-            "--job",
-            str(spec),
-            "--checkpoint-dir",
-            str(ck),
-            "--compile-cache",
-            str(compile_cache),
-        ],
+        worker_command(spec, ck, compile_cache),
         capture_output=True,
         text=True,
         timeout=60,

@@ -7,7 +7,6 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import jax.numpy as jnp
 from jobwarden.checkpoint import format
 from jobwarden.control import verify
 from tests.conftest import Runner
-from tests.helpers import AttemptResult, job, kinds
+from tests.helpers import AttemptResult, job, kinds, worker_command
 
 
 def proven(reference: AttemptResult, *attempts: AttemptResult) -> verify.Report:
@@ -119,17 +118,7 @@ def test_sigterm_commits_the_current_step_and_resumes_exactly(
     folder = tmp_path / "preempted"
     folder.mkdir()
     with subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jobwarden.worker",
-            "--job",
-            str(spec),
-            "--checkpoint-dir",
-            str(ck),
-            "--compile-cache",
-            str(compile_cache),
-        ],
+        worker_command(spec, ck, compile_cache),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -183,17 +172,7 @@ def test_stall_fault_hangs_and_sigusr1_dumps_every_thread(
     """stall_at hangs after N updates; SIGUSR1 makes the worker print every thread's stack."""
     spec = job(tmp_path / "s.toml", "stall", faults={"stall_at": 2, "stall_seconds": 30})
     with subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jobwarden.worker",
-            "--job",
-            str(spec),
-            "--checkpoint-dir",
-            str(tmp_path / "ck"),
-            "--compile-cache",
-            str(compile_cache),
-        ],
+        worker_command(spec, tmp_path / "ck", compile_cache),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -31,9 +31,12 @@ def _restore_point(step: int, every: int) -> int:
 
 
 def _continuation_checks(
-    drill: Drill, reference: str, job: str, expected_restore: int
+    drill: Drill, reference: str, job: str, expected_restore: int, incident: dict[str, Any]
 ) -> tuple[list[Check], dict[str, Any]]:
-    """The checks every recovering drill shares: restore point, replay, equality, completion."""
+    """The checks every recovering drill shares: restore point, replay, equality, completion.
+
+    Also keeps the evidence they share: the accepted checkpoint and the timeline.
+    """
     events = drill.events(job)
     restored = [e for e in events if e.kind == "restored"]
     report = drill.verify(reference, job)
@@ -77,10 +80,15 @@ def _continuation_checks(
         ),
     ]
     drill.plot(rows, f"{drill.out.name}: resumed steps")
+    drill.accepted_checkpoint(job)
+    drill.timeline(job)
     summary = {
         "restored_step": restored[-1]["step"] if restored else None,
         "replayed_steps": report.replayed_steps,
         "all_hashes_equal": bool(rows) and all(r["equal"] for r in rows),
+        "job": job,
+        "reference": reference,
+        "runbook": _runbook(drill, incident),
     }
     return checks, summary
 
@@ -131,17 +139,10 @@ def crash(drill: Drill) -> Outcome:
         verified,
     ]
     more, summary = _continuation_checks(
-        drill, reference, job, _restore_point(params.fail_after, params.checkpoint_every)
+        drill, reference, job, _restore_point(params.fail_after, params.checkpoint_every), incident
     )
-    drill.accepted_checkpoint(job)
-    drill.timeline(job)
     drill.write("refusals.json", [])
-    return checks + more, {
-        **summary,
-        "job": job,
-        "reference": reference,
-        "runbook": _runbook(drill, incident),
-    }
+    return checks + more, summary
 
 
 def stall(drill: Drill) -> Outcome:
@@ -189,18 +190,10 @@ def stall(drill: Drill) -> Outcome:
         verified,
     ]
     more, summary = _continuation_checks(
-        drill, reference, job, _restore_point(params.stall_at, params.checkpoint_every)
+        drill, reference, job, _restore_point(params.stall_at, params.checkpoint_every), incident
     )
-    drill.accepted_checkpoint(job)
-    drill.timeline(job)
     drill.write("refusals.json", [])
-    return checks + more, {
-        **summary,
-        "job": job,
-        "reference": reference,
-        "detected_gap_s": gap,
-        "runbook": _runbook(drill, incident),
-    }
+    return checks + more, {**summary, "detected_gap_s": gap}
 
 
 def duplicate_writer(drill: Drill) -> Outcome:
@@ -370,16 +363,8 @@ def corrupt(drill: Drill) -> Outcome:
         verified,
     ]
     older = _restore_point(fail_after, every) - every
-    more, summary = _continuation_checks(drill, reference, job, older)
-    drill.accepted_checkpoint(job)
-    drill.timeline(job)
-    return checks + more, {
-        **summary,
-        "job": job,
-        "reference": reference,
-        "damaged": newest.name,
-        "runbook": _runbook(drill, incident),
-    }
+    more, summary = _continuation_checks(drill, reference, job, older, incident)
+    return checks + more, {**summary, "damaged": newest.name}
 
 
 def incompatible(drill: Drill) -> Outcome:
