@@ -124,7 +124,8 @@ def render_runbook(incident: Incident) -> str:
         "",
         "## Work replayed",
         "",
-        f"Updates {_step_list(incident.replayed_steps)}"
+        ("Update " if len(incident.replayed_steps) == 1 else "Updates ")
+        + _step_list(incident.replayed_steps)
         + (
             f"; time lost {incident.time_lost_s:.2f} s from the failed attempt's last "
             "progress to the first new update past it."
