@@ -124,3 +124,18 @@ def test_a_broken_recovery_fails_the_drill_and_names_the_check(tmp_path: Path, f
     assert incident["status"] == "escalated"
     assert incident["verification"]["verdict"] == "mismatch"
     assert incident["verification"]["checks"][-1]["what"] == "restored state"
+
+
+def test_a_drill_uses_the_daemon_of_a_given_root(tmp_path: Path, compile_cache: Path) -> None:
+    """drill --root DIR drops its jobs into that daemon's spool and leaves it running."""
+    from tests.daemon import Daemon
+
+    with Daemon(tmp_path / "root", compile_cache) as daemon:
+        done = drill("crash", "--root", str(daemon.root), "--out", str(tmp_path / "out"), "--json")
+        assert done.returncode == 0, done.stdout[-2000:]
+        verdict = json.loads(done.stdout)
+        jobs = {row["id"]: row["state"] for row in daemon.ask("status")["jobs"]}
+        assert jobs[verdict["job"]] == "completed"
+        assert jobs[verdict["reference"]] == "completed"
+        assert daemon.ask("version")["pid"] == daemon.proc.pid  # type: ignore[union-attr]
+    assert not (tmp_path / "out" / "root").exists()

@@ -336,24 +336,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wardenctl", description="Control and inspect jobwarden.")
     parser.add_argument("--root", help="the daemon's root (default $JOBWARDEN_ROOT)")
     parser.add_argument("--socket", help="the control socket (default ROOT/control.sock)")
+    # The same options after the command (`wardenctl drill crash --root DIR`); SUPPRESS keeps
+    # a value given before the command when none is given after it.
+    selector = argparse.ArgumentParser(add_help=False)
+    selector.add_argument("--root", default=argparse.SUPPRESS, help="the daemon's root")
+    selector.add_argument("--socket", default=argparse.SUPPRESS, help="the control socket")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    status = commands.add_parser("status", help="jobs and their state")
+    def command(name: str, **options: Any) -> argparse.ArgumentParser:
+        return commands.add_parser(name, parents=[selector], **options)
+
+    status = command("status", help="jobs and their state")
     status.add_argument("job", nargs="?")
     status.add_argument("--json", action="store_true")
     status.set_defaults(func=cmd_status)
 
-    incidents = commands.add_parser("incidents", help="incident records")
+    incidents = command("incidents", help="incident records")
     incidents.add_argument("job", nargs="?")
     incidents.add_argument("--json", action="store_true")
     incidents.set_defaults(func=cmd_incidents)
 
-    runbook = commands.add_parser("runbook", help="an incident's runbook")
+    runbook = command("runbook", help="an incident's runbook")
     runbook.add_argument("incident")
     runbook.add_argument("--json", action="store_true")
     runbook.set_defaults(func=cmd_runbook)
 
-    drill = commands.add_parser("drill", help="rehearse a failure and verify the recovery")
+    drill = command("drill", help="rehearse a failure and verify the recovery")
     drill.add_argument(
         "drill", choices=["crash", "stall", "duplicate-writer", "corrupt", "incompatible", "all"]
     )
@@ -367,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument("--task", default="linreg")
     drill.set_defaults(func=cmd_drill)
 
-    submit = commands.add_parser("submit", help="hand a job file to the daemon's spool")
+    submit = command("submit", help="hand a job file to the daemon's spool")
     submit.add_argument("file")
     submit.add_argument("--json", action="store_true")
     submit.set_defaults(func=cmd_submit)
@@ -377,38 +385,38 @@ def build_parser() -> argparse.ArgumentParser:
         ("resume", cmd_resume, "queue a stopped or escalated job again"),
         ("checkpoints", cmd_checkpoints, "checkpoints and their verdicts"),
     ):
-        sub = commands.add_parser(name, help=text)
+        sub = command(name, help=text)
         sub.add_argument("job")
         sub.add_argument("--json", action="store_true")
         sub.set_defaults(func=func)
 
-    tail = commands.add_parser("tail", help="a job's events")
+    tail = command("tail", help="a job's events")
     tail.add_argument("job")
     tail.add_argument("-f", "--follow", action="store_true")
     tail.add_argument("--json", action="store_true")
     tail.set_defaults(func=cmd_tail)
 
-    metrics = commands.add_parser("metrics", help="Prometheus text exposition")
+    metrics = command("metrics", help="Prometheus text exposition")
     metrics.add_argument("--json", action="store_true")
     metrics.set_defaults(func=cmd_metrics)
 
-    shutdown = commands.add_parser("shutdown", help="preempt every worker and stop the daemon")
+    shutdown = command("shutdown", help="preempt every worker and stop the daemon")
     shutdown.add_argument("--json", action="store_true")
     shutdown.set_defaults(func=cmd_shutdown)
 
-    verify = commands.add_parser("verify", help="prove a resumed run continued the reference")
+    verify = command("verify", help="prove a resumed run continued the reference")
     verify.add_argument("reference", type=Path, help="events file or run folder of the reference")
     verify.add_argument("candidate", type=Path, help="events file or run folder of the resumed run")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     verify.set_defaults(func=cmd_verify)
 
-    inspect = commands.add_parser("inspect", help="show a checkpoint's identity and verdict")
+    inspect = command("inspect", help="show a checkpoint's identity and verdict")
     inspect.add_argument("file", type=Path)
     inspect.add_argument("--json", action="store_true", help="print as JSON")
     inspect.add_argument("--values", action="store_true", help="include the arrays of small states")
     inspect.set_defaults(func=cmd_inspect)
 
-    version = commands.add_parser("version", help="print the version")
+    version = command("version", help="print the version")
     version.add_argument("--json", action="store_true")
     version.set_defaults(func=cmd_version)
     return parser
