@@ -412,23 +412,22 @@ class Wardend:
         kind = diagnosis.classify(attempt, info)
         incident = self._open_incident(attempt, kind, diagnosis.symptom(attempt, info, kind))
         if attempt.incident is not None:
-            earlier = attempt.incident
-            earlier.status = "failed"
-            earlier.outcome = (
+            self.incidents.conclude(
+                attempt.incident,
+                "failed",
                 f"The recovery attempt {attempt.number} failed before its replay "
-                f"was verified; see incident {incident.id}."
+                f"was verified; see incident {incident.id}.",
+                "incident.recovery_failed",
             )
-            earlier.closed = time.time()
-            self.incidents.write(earlier, "incident.recovery_failed")
         if kind in diagnosis.ESCALATE.values():
-            incident.status = "escalated"
-            incident.outcome = (
+            self.incidents.conclude(
+                incident,
+                "escalated",
                 f"Escalated: {diagnosis.escalation_reason(attempt, kind)} No "
                 "fallback, no relaxed checks, no restart; a person decides, then "
-                "`wardenctl resume`."
+                "`wardenctl resume`.",
+                "incident.escalated",
             )
-            incident.closed = time.time()
-            self.incidents.write(incident, "incident.escalated")
             self.table.transition(
                 record,
                 S.ESCALATED,
@@ -437,13 +436,13 @@ class Wardend:
             )
             return
         if record.restarts >= sup.max_restarts:
-            incident.status = "failed"
-            incident.outcome = (
+            self.incidents.conclude(
+                incident,
+                "failed",
                 f"Failed: {record.restarts} restart(s) used, max_restarts is "
-                f"{sup.max_restarts}; no further attempt."
+                f"{sup.max_restarts}; no further attempt.",
+                "incident.failed",
             )
-            incident.closed = time.time()
-            self.incidents.write(incident, "incident.failed")
             self.table.transition(
                 record, S.FAILED, f"{kind}; max_restarts exhausted", incident=incident.id
             )

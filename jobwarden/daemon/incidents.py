@@ -202,6 +202,11 @@ class IncidentLog:
         )
         write_text_atomic(folder / f"{incident.id}.md", render_runbook(incident))
 
+    def conclude(self, incident: Incident, status: str, outcome: str, event: str) -> None:
+        """Give the incident its final status and outcome, stamp it closed, and write it."""
+        incident.status, incident.outcome, incident.closed = status, outcome, time.time()
+        self.write(incident, event)
+
     def runbook_path(self, incident: Incident) -> Path:
         """Where the incident's runbook is."""
         return self.folder(incident) / f"{incident.id}.md"

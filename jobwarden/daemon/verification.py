@@ -8,8 +8,6 @@ then either the verified outcome or an escalation.
 
 from __future__ import annotations
 
-import time
-
 from jobwarden.daemon.attempt import Attempt
 from jobwarden.daemon.incidents import IncidentLog
 from jobwarden.daemon.jobs import JobTable
@@ -106,17 +104,15 @@ class ReplayVerifier:
                 "every validation check."
             )
             incident.verification = {"verdict": verdict, "checks": plan.checks, "text": text}
-            incident.status = verdict
-            incident.outcome = (
-                f"Recovered: attempt {attempt.number} continues the same "
-                f"experiment from step {plan.restored_step}; the job runs on."
-            )
-            incident.closed = time.time()
             attempt.resolved.append(incident)
-            attempt.pending_time_lost = incident
-            if plan.last_progress_time is None:
-                attempt.pending_time_lost = None
-            self.incidents.write(incident, f"incident.{verdict}")
+            attempt.pending_time_lost = incident if plan.last_progress_time is not None else None
+            self.incidents.conclude(
+                incident,
+                verdict,
+                f"Recovered: attempt {attempt.number} continues the same "
+                f"experiment from step {plan.restored_step}; the job runs on.",
+                f"incident.{verdict}",
+            )
         if record.state is S.RECOVERING:
             self.table.transition(record, S.RUNNING, f"recovery {verdict}", verdict=verdict)
         attempt.incident = None
@@ -152,20 +148,20 @@ class ReplayVerifier:
                 "resumed run is a different experiment."
             ),
         }
-        incident.status = "escalated"
-        incident.outcome = (
-            "Escalated: the worker was stopped at once (SIGKILL, so it commits "
-            "nothing more), every file is kept, and no restart follows. A person "
-            "must compare the saved key, momentum, step and the data, config and "
-            "source hashes (wardenctl inspect) before deciding."
-        )
         incident.prevention.append(
             "Find why the replay differs before resuming: a changed "
             "runtime, nondeterministic kernels, or state the checkpoint "
             "does not hold."
         )
-        incident.closed = time.time()
-        self.incidents.write(incident, "incident.escalated")
+        self.incidents.conclude(
+            incident,
+            "escalated",
+            "Escalated: the worker was stopped at once (SIGKILL, so it commits "
+            "nothing more), every file is kept, and no restart follows. A person "
+            "must compare the saved key, momentum, step and the data, config and "
+            "source hashes (wardenctl inspect) before deciding.",
+            "incident.escalated",
+        )
         attempt.plan = None
         attempt.process.stop_reason = "mismatch"
         attempt.process.kill_group()
