@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from jobwarden.checkpoint import atomic, format
+from jobwarden import files
+from jobwarden.checkpoint import format
 from jobwarden.events import Event, read_events
 from jobwarden.hashing import state_hash
 
@@ -105,4 +106,4 @@ def rewrite_checkpoint(path: Path, change: dict[str, np.ndarray]) -> None:
     manifest = dataclasses.replace(
         checkpoint.manifest, state_hash=digest, components=components, created=time.time()
     )
-    atomic.commit(path, format.encode(manifest, leaves))
+    files.commit(path, format.encode(manifest, leaves))

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from jobwarden.checkpoint import atomic, format
+from jobwarden import files
+from jobwarden.checkpoint import format
 from jobwarden.checkpoint.errors import (
     ChecksumMismatch,
     ConfigMismatch,
@@ -88,7 +89,7 @@ def expected_for(leaves: Leaves, **changes: object) -> Expected:
 
 def write(path: Path, leaves: Leaves, step: int = 4, generation: int = 1) -> Path:
     """Commit ``leaves`` as a checkpoint file at ``path``."""
-    atomic.commit(path, format.encode(manifest_for(leaves, step, generation), leaves))
+    files.commit(path, format.encode(manifest_for(leaves, step, generation), leaves))
     return path
 
 
@@ -159,7 +160,7 @@ def test_other_schema_versions_are_incompatible(tmp_path: Path) -> None:
     leaves = sample_leaves()
     manifest = dataclasses.replace(manifest_for(leaves), schema_version=2)
     path = tmp_path / "f"
-    atomic.commit(path, format.encode(manifest, leaves))
+    files.commit(path, format.encode(manifest, leaves))
     with pytest.raises(SchemaMismatch) as caught:
         format.read(path)
     assert (caught.value.saved, caught.value.requested) == (2, 1)
@@ -175,11 +176,9 @@ def test_commit_interrupted_before_replace_keeps_the_old_file(tmp_path: Path) ->
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        atomic.commit(
-            path, format.encode(manifest_for(sample_leaves(2.0)), sample_leaves(2.0)), die
-        )
+        files.commit(path, format.encode(manifest_for(sample_leaves(2.0)), sample_leaves(2.0)), die)
     assert path.read_bytes() == old
-    assert atomic.pending_path(path).exists()
+    assert files.pending_path(path).exists()
 
 
 def test_selection_quarantines_damage_and_falls_back(tmp_path: Path) -> None:

@@ -166,13 +166,13 @@ def test_runtime_change_is_refused_naming_the_field(
     runtime = dict(checkpoint.manifest.provenance.runtime, jaxlib="0.0.1")
     import dataclasses
 
-    from jobwarden.checkpoint import atomic
+    from jobwarden import files
 
     manifest = dataclasses.replace(
         checkpoint.manifest,
         provenance=dataclasses.replace(checkpoint.manifest.provenance, runtime=runtime),
     )
-    atomic.commit(path, format.encode(manifest, checkpoint.leaves()))
+    files.commit(path, format.encode(manifest, checkpoint.leaves()))
     resumed = resume(worker, tmp_path, ck)
     failed = kinds(resumed, "failed")[0]
     assert failed["code"] == "checkpoint.runtime"

@@ -9,8 +9,8 @@ import pytest
 
 from jobwarden.daemon.jobs import JobTable
 from jobwarden.daemon.layout import Root
-from jobwarden.daemon.states import TRANSITIONS, IllegalTransition, JobState
 from jobwarden.jobfile import job_from_mapping
+from jobwarden.states import TRANSITIONS, IllegalTransition, JobState
 
 
 def test_final_states_have_no_way_out() -> None:

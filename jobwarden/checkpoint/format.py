@@ -38,7 +38,6 @@ from jobwarden.hashing import HASH_NAME, Leaves, little_endian
 
 SCHEMA_VERSION = 1
 MAX_HEADER_BYTES = 64 * 1024 * 1024
-WRITE_CHUNK = 1 << 30
 READ_CHUNK = 16 << 20
 
 SAFETENSORS_DTYPES: dict[str, str] = {
@@ -229,18 +228,6 @@ def encode(manifest: Manifest, leaves: Leaves) -> list[memoryview]:
     payload = [little_endian(array).reshape(-1).view(np.uint8).data for _, array in leaves]
     checksum = _checksum(manifest.to_json().encode(), payload)
     return [memoryview(_header(manifest, checksum)), *payload]
-
-
-def write_all(fd: int, buffers: list[memoryview]) -> int:
-    """Write every buffer to ``fd``, looping over partial writes; returns the byte count."""
-    total = 0
-    for view in buffers:
-        position = 0
-        while position < len(view):
-            written = os.write(fd, view[position : position + WRITE_CHUNK])
-            position += written
-        total += len(view)
-    return total
 
 
 def _read_and_hash(

@@ -9,7 +9,6 @@ generation that wrote them, and one newer than the directory's is refused
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
@@ -17,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from jobwarden.checkpoint.atomic import write_text_atomic
 from jobwarden.errors import WriterLockedError
+from jobwarden.files import pid_lock, write_text_atomic
 
 LOCK_NAME = ".writer.lock"
 GENERATION_NAME = "writer.json"
@@ -67,25 +66,6 @@ class WriterLock:
         trace: TracebackType | None,
     ) -> None:
         self.release()
-
-
-def pid_lock(path: Path) -> tuple[int | None, int | None]:
-    """Take ``flock(LOCK_EX)`` on ``path`` without waiting and write our pid into it.
-
-    Returns (fd, None) when taken, the caller keeping the fd open for as long
-    as it holds the lock; or (None, the holder's pid if readable) when another
-    process holds it.
-    """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        os.close(fd)
-        return None, int(holder) if holder.isdigit() else None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd, None
 
 
 def read_generation(directory: Path) -> int:

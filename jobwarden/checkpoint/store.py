@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobwarden.checkpoint import atomic, format
+from jobwarden import files
+from jobwarden.checkpoint import format
 from jobwarden.checkpoint.errors import CorruptCheckpoint, NoUsableCheckpoint
 from jobwarden.checkpoint.validate import Expected, validate
 from jobwarden.hashing import Leaves
@@ -80,7 +81,7 @@ class CheckpointStore:
         return sorted(
             Path(e.path)
             for e in os.scandir(self.directory)
-            if e.name.endswith(atomic.PENDING_SUFFIX)
+            if e.name.endswith(files.PENDING_SUFFIX)
         )
 
     def commit(
@@ -92,7 +93,7 @@ class CheckpointStore:
     ) -> tuple[Path, int]:
         """Durably commit the state at ``step``; returns its path and size."""
         final = self.directory / file_name(step)
-        written = atomic.commit(final, format.encode(manifest, leaves), before_replace)
+        written = files.commit(final, format.encode(manifest, leaves), before_replace)
         return final, written
 
     def retain(self, keep: int) -> list[Path]:
@@ -101,7 +102,7 @@ class CheckpointStore:
         for path in removed:
             path.unlink()
         if removed:
-            atomic.fsync_dir(self.directory)
+            files.fsync_dir(self.directory)
         return removed
 
     def quarantine(self, path: Path, reason: dict[str, Any]) -> Path:
@@ -115,11 +116,11 @@ class CheckpointStore:
             suffix += 1
         os.rename(path, target)
         record = {"original": str(path), "quarantined": time.time(), **reason}
-        atomic.write_text_atomic(
+        files.write_text_atomic(
             target.with_name(target.name + ".reason.json"),
             json.dumps(record, indent=2, default=str) + "\n",
         )
-        atomic.fsync_dir(self.directory)
+        files.fsync_dir(self.directory)
         return target
 
     def select(self, expected: Expected) -> Selection:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from jobwarden.checkpoint import atomic, format
+from jobwarden import files
+from jobwarden.checkpoint import format
 from jobwarden.checkpoint.errors import CheckpointError
 from jobwarden.checkpoint.lock import read_generation
 from jobwarden.checkpoint.validate import differing
@@ -129,22 +130,22 @@ def directory_verdicts(directory: Path, job: Job) -> list[dict[str, Any]]:
         return []
     generation = read_generation(directory)
     train = job.train_fields()
-    files = [
+    paths = [
         p
         for p in sorted(directory.iterdir())
-        if p.is_file() and (p.name.endswith((".safetensors", atomic.PENDING_SUFFIX)))
+        if p.is_file() and (p.name.endswith((".safetensors", files.PENDING_SUFFIX)))
     ]
     quarantine = directory / "quarantine"
     if quarantine.is_dir():
-        files += [p for p in sorted(quarantine.iterdir()) if not p.name.endswith(".json")]
+        paths += [p for p in sorted(quarantine.iterdir()) if not p.name.endswith(".json")]
     rows = []
-    for path in files:
+    for path in paths:
         row = describe(path)
         place = (
             "quarantined"
             if path.parent == quarantine
             else "pending"
-            if path.name.endswith(atomic.PENDING_SUFFIX)
+            if path.name.endswith(files.PENDING_SUFFIX)
             else "committed"
         )
         row = {

@@ -20,7 +20,7 @@ from jobwarden.control.protocol import PROTOCOL_VERSION, ControlError
 from jobwarden.daemon import metrics
 from jobwarden.daemon.jobs import JobRecord
 from jobwarden.daemon.spool import Rejection
-from jobwarden.daemon.states import NEEDS_ATTENTION
+from jobwarden.states import NEEDS_ATTENTION
 
 if TYPE_CHECKING:
     from jobwarden.daemon.core import Wardend

@@ -21,7 +21,6 @@ import psutil
 import structlog
 
 from jobwarden import __version__
-from jobwarden.checkpoint.atomic import write_text_atomic
 from jobwarden.control.protocol import ControlError
 from jobwarden.daemon import commands, diagnosis, notify, spool
 from jobwarden.daemon.attempt import Attempt
@@ -32,10 +31,11 @@ from jobwarden.daemon.process import ExitInfo, WorkerProcess, worker_argv
 from jobwarden.daemon.recovery import ReplayPlan
 from jobwarden.daemon.server import ControlServer
 from jobwarden.daemon.stall import StallWatch
-from jobwarden.daemon.states import ACTIVE, JobState
 from jobwarden.daemon.verification import ReplayVerifier
 from jobwarden.events import Event, Malformed
+from jobwarden.files import write_text_atomic
 from jobwarden.jobfile import Job
+from jobwarden.states import ACTIVE, JobState
 
 log = structlog.get_logger("wardend")
 

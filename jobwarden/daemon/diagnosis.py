@@ -19,7 +19,7 @@ from jobwarden.daemon.jobs import JobRecord
 from jobwarden.daemon.layout import Root
 from jobwarden.daemon.process import ExitInfo
 from jobwarden.daemon.recovery import ReplayPlan
-from jobwarden.daemon.states import JobState
+from jobwarden.states import JobState
 
 INCOMPATIBLE = {
     "checkpoint.schema",

@@ -17,8 +17,8 @@ from typing import Any, TextIO
 
 import structlog
 
-from jobwarden.checkpoint.atomic import write_text_atomic
 from jobwarden.daemon.layout import Root
+from jobwarden.files import write_text_atomic
 
 
 @dataclass

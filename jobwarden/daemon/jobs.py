@@ -16,10 +16,10 @@ from typing import Any
 
 import structlog
 
-from jobwarden.checkpoint.atomic import write_text_atomic
 from jobwarden.daemon.layout import Root
-from jobwarden.daemon.states import JobState, check_transition
+from jobwarden.files import write_text_atomic
 from jobwarden.jobfile import Job, job_from_mapping
+from jobwarden.states import JobState, check_transition
 
 log = structlog.get_logger("wardend.jobs")
 

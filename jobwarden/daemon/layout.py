@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobwarden.checkpoint.lock import pid_lock
 from jobwarden.errors import JobwardenError
+from jobwarden.files import pid_lock
 
 
 class RootLockedError(JobwardenError):

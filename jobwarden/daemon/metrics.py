@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from jobwarden.daemon.states import JobState
+from jobwarden.states import JobState
 
 if TYPE_CHECKING:
     from jobwarden.daemon.core import Wardend

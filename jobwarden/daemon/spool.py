@@ -25,9 +25,9 @@ import structlog
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from jobwarden.checkpoint.atomic import write_text_atomic
 from jobwarden.daemon.layout import Root
 from jobwarden.errors import JobFileError
+from jobwarden.files import write_text_atomic
 from jobwarden.jobfile import MAX_JOB_FILE_BYTES, Job, format_of, job_from_bytes
 
 log = structlog.get_logger("wardend.spool")

@@ -11,8 +11,8 @@ from __future__ import annotations
 from jobwarden.daemon.attempt import Attempt
 from jobwarden.daemon.incidents import IncidentLog
 from jobwarden.daemon.jobs import JobTable
-from jobwarden.daemon.states import JobState
 from jobwarden.events import Event
+from jobwarden.states import JobState
 
 S = JobState
 

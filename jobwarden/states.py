@@ -44,6 +44,8 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 ACTIVE = frozenset({S.STARTING, S.RUNNING, S.STALLED, S.RECOVERING})
 TERMINAL = frozenset({S.COMPLETED, S.CANCELLED})
 NEEDS_ATTENTION = frozenset({S.FAILED, S.ESCALATED})
+# Where a job rests: the daemon will do nothing more for it on its own.
+SETTLED = TERMINAL | NEEDS_ATTENTION
 
 
 class IllegalTransition(JobwardenError):

@@ -1,0 +1,35 @@
+"""Test-only faults: behaviour broken on purpose, switched on by ``$JOBWARDEN_TEST_FAULT``.
+
+The test suite uses them to prove that a check can fail (a drill that must
+notice a wrong restore, a daemon that must keep garbage as evidence).  They
+are never set outside the test suite; docs/worker.md lists them.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping
+
+ENV = "JOBWARDEN_TEST_FAULT"
+
+
+class Fault(enum.StrEnum):
+    """Each test-only fault, by the value ``$JOBWARDEN_TEST_FAULT`` takes."""
+
+    BLOCK_LOOP_ON_SIGUSR2 = "block_loop_on_sigusr2"
+    """wardend: SIGUSR2 blocks the loop, to show watchdog pings come from the loop."""
+    ZERO_OPT_STATE_ON_RESTORE = "zero_opt_state_on_restore"
+    """worker: a weights-only restore (optimizer state zeroed), which replay must catch."""
+    GARBAGE_ON_STDOUT = "garbage_on_stdout"
+    """worker: lines that are not events, which the daemon must keep without crashing."""
+
+
+def active(fault: Fault, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``fault`` is switched on in ``environ`` (default: this process's)."""
+    return (os.environ if environ is None else environ).get(ENV) == fault.value
+
+
+def environment(fault: Fault) -> dict[str, str]:
+    """The variable that switches ``fault`` on, to merge into a child's environment."""
+    return {ENV: fault.value}
