@@ -8,47 +8,67 @@ import os
 import sys
 from pathlib import Path
 
-from jobwarden.daemon import logs
+from jobwarden.daemon import launcher, logs
 from jobwarden.daemon.core import Options, Wardend
 from jobwarden.daemon.layout import Root, RootLockedError
+from jobwarden.errors import JobwardenError
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse arguments, take the root lock, run the loop."""
-    parser = argparse.ArgumentParser(prog="wardend", description=__doc__)
-    parser.add_argument("--root", type=Path, required=True, help="the daemon's root folder")
-    parser.add_argument("--socket", type=Path, help="control socket (default ROOT/control.sock)")
-    parser.add_argument("--group", help="a group whose members may use the control socket")
-    parser.add_argument(
+def parser() -> argparse.ArgumentParser:
+    """wardend's options; every default comes from `Options`."""
+    default = Options()
+    ap = argparse.ArgumentParser(
+        prog="wardend", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    ap.add_argument("--root", type=Path, required=True, help="the daemon's root folder")
+    ap.add_argument("--socket", type=Path, help="control socket (default ROOT/control.sock)")
+    ap.add_argument("--group", help="a group whose members may use the control socket")
+    ap.add_argument(
         "--max-concurrent",
         type=int,
-        default=max(1, os.cpu_count() or 1),
-        help="jobs run at once (default: the number of CPUs)",
+        default=default.max_concurrent,
+        help="jobs run at once (the number of CPUs unless given)",
     )
-    parser.add_argument(
+    ap.add_argument(
         "--rescan-interval",
         type=float,
-        default=5.0,
+        default=default.rescan_interval_s,
         help="seconds between safety-net rescans of the spool",
     )
-    parser.add_argument(
+    ap.add_argument(
         "--control-timeout",
         type=float,
-        default=5.0,
+        default=default.control_timeout_s,
         help="seconds a control client has to send a complete request",
     )
-    parser.add_argument(
+    ap.add_argument(
         "--compile-cache",
         type=Path,
         help="the workers' JAX compilation cache (default ROOT/cache/jax)",
     )
-    parser.add_argument(
+    ap.add_argument(
         "--sample-interval",
         type=float,
-        default=1.0,
+        default=default.sample_interval_s,
         help="seconds between psutil samples of each worker",
     )
-    args = parser.parse_args(argv)
+    ap.add_argument(
+        "--launcher",
+        default=default.launcher,
+        help="how attempts are started: a name from the jobwarden.launchers entry points, "
+        "or module:attribute",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, take the root lock, run the loop."""
+    args = parser().parse_args(argv)
+    try:
+        chosen = launcher.load(args.launcher)
+    except JobwardenError as error:
+        sys.stderr.write(f"wardend: {error.message}\n")
+        return error.exit_status
     root = Root(args.root.absolute())
     root.create()
     try:
@@ -63,11 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         group=args.group,
         rescan_interval_s=args.rescan_interval,
         sample_interval_s=args.sample_interval,
-        compile_cache=args.compile_cache,
+        compile_cache=args.compile_cache.absolute() if args.compile_cache else None,
         control_timeout_s=args.control_timeout,
+        launcher=args.launcher,
     )
     try:
-        return asyncio.run(Wardend(root, options).run())
+        return asyncio.run(Wardend(root, options, chosen).run())
     finally:
         stream.close()
         os.close(lock)

@@ -15,17 +15,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobwarden import __version__
-from jobwarden.control.inspect import directory_verdicts
+from jobwarden.checkpoint.store import directory_verdicts
 from jobwarden.control.protocol import PROTOCOL_VERSION, ControlError
 from jobwarden.daemon import metrics
 from jobwarden.daemon.jobs import JobRecord
 from jobwarden.daemon.spool import Rejection
-from jobwarden.states import NEEDS_ATTENTION
+from jobwarden.states import NEEDS_ATTENTION, JobState
 
 if TYPE_CHECKING:
     from jobwarden.daemon.core import Wardend
 
 Handler = Any
+RESUMABLE = frozenset({JobState.PREEMPTED, *NEEDS_ATTENTION})
 EVENTS_PER_REQUEST = 2000
 
 
@@ -38,8 +39,8 @@ def handlers(daemon: Wardend) -> dict[str, Handler]:
         "events": lambda args: events(daemon, args),
         "checkpoints": lambda args: checkpoints(daemon, args),
         "submit": lambda args: submit(daemon, args),
-        "stop": lambda args: daemon.stop_job(job_record(daemon, args)),
-        "resume": lambda args: daemon.resume_job(job_record(daemon, args)),
+        "stop": lambda args: stop(daemon, args),
+        "resume": lambda args: resume(daemon, args),
         "metrics": lambda args: {"text": metrics.render(daemon)},
         "version": lambda args: version(daemon),
         "shutdown": lambda args: shutdown(daemon),
@@ -55,9 +56,32 @@ def job_record(daemon: Wardend, args: dict[str, Any]) -> JobRecord:
     return record
 
 
+def stop(daemon: Wardend, args: dict[str, Any]) -> Any:
+    """stop job: preempt it; its worker commits its current step, and it waits for resume."""
+    record = job_record(daemon, args)
+    answer = daemon.stop_job(record)
+    if answer is None:
+        raise ControlError(
+            "control.not_running", f"job {record.id} is {record.state.value}; nothing to stop"
+        )
+    return answer
+
+
+def resume(daemon: Wardend, args: dict[str, Any]) -> Any:
+    """resume job: queue a preempted, failed or escalated job again."""
+    record = job_record(daemon, args)
+    if record.state not in RESUMABLE:
+        raise ControlError(
+            "control.bad_state",
+            f"job {record.id} is {record.state.value}; "
+            "resume applies to preempted, failed or escalated jobs",
+        )
+    return daemon.resume_job(record)
+
+
 def summary(daemon: Wardend, record: JobRecord, now: float) -> dict[str, Any]:
     """One status row."""
-    live = record.id in daemon.live
+    live = daemon.is_live(record.id)
     sample = record.sample if live else {}
     return {
         "id": record.id,
@@ -237,4 +261,4 @@ def version(daemon: Wardend) -> Any:
 def shutdown(daemon: Wardend) -> Any:
     """shutdown: preempt every worker and exit, as on SIGTERM."""
     daemon.stopping.set()
-    return {"stopping": True, "live": sorted(daemon.live)}
+    return {"stopping": True, "live": sorted(r.id for r in daemon.table if daemon.is_live(r.id))}

@@ -1,7 +1,7 @@
-"""Diagnosis: what kind of failure an attempt had, and how its incident reads.
+"""Diagnosis: how an attempt's failure reads, and the evidence it leaves.
 
-Pure functions of the attempt's evidence, so the loop in `core` only decides
-what to do next.
+Functions of the attempt's evidence that build incidents; what *kind* of
+failure it was, and what follows, is the policy's (`daemon.policy`).
 """
 
 from __future__ import annotations
@@ -16,66 +16,34 @@ from jobwarden.checkpoint.store import CheckpointStore
 from jobwarden.daemon.attempt import Attempt
 from jobwarden.daemon.incidents import Incident
 from jobwarden.daemon.jobs import JobRecord
+from jobwarden.daemon.launcher import ExitInfo
 from jobwarden.daemon.layout import Root
-from jobwarden.daemon.process import ExitInfo
+from jobwarden.daemon.policy import IncidentKind
 from jobwarden.daemon.recovery import ReplayPlan
+from jobwarden.daemon.stall import StallPhase
 from jobwarden.states import JobState
 
-INCOMPATIBLE = {
-    "checkpoint.schema",
-    "checkpoint.source",
-    "checkpoint.config",
-    "checkpoint.data",
-    "checkpoint.runtime",
-    "checkpoint.tree",
-    "checkpoint.shape",
-    "checkpoint.dtype",
-    "checkpoint.step_range",
-    "checkpoint.non_finite",
-    "checkpoint.generation",
-}
-ESCALATE = {
-    "job.invalid": "invalid_request",
-    "resume.policy": "resume_policy",
-    "worker.cache_unsafe": "unsafe_cache",
-    "writer.locked": "duplicate_writer",
-    "checkpoint.none_usable": "corrupt_checkpoint",
-    **dict.fromkeys(INCOMPATIBLE, "incompatible_checkpoint"),
-}
+K = IncidentKind
 STALL_KILL_GRACE_S = 1.0
 STACK_DUMP_WAIT_S = 0.3
 
 
-def classify(attempt: Attempt, info: ExitInfo) -> str:
-    """The incident kind of an attempt that ended without completing."""
-    code = attempt.failure["code"] if attempt.failure is not None else None
-    if info.stopped_by == "stall":
-        return "stall"
-    if info.stopped_by == "rss":
-        return "rss_limit"
-    if code in ESCALATE:
-        return ESCALATE[code]
-    if info.status == 75:
-        return "preemption"
-    return "crash"
-
-
-def escalation_reason(attempt: Attempt, kind: str) -> str:
+def escalation_reason(attempt: Attempt, kind: IncidentKind) -> str:
     """Why an escalated failure needs a person, in one sentence."""
     failure = attempt.failure
     message = failure["message"] if failure is not None else "no failure event"
     return {
-        "incompatible_checkpoint": f"the checkpoint is incompatible ({message}).",
-        "corrupt_checkpoint": f"no usable checkpoint is left ({message}).",
-        "duplicate_writer": f"another process writes this checkpoint directory ({message}).",
+        K.INCOMPATIBLE_CHECKPOINT: f"the checkpoint is incompatible ({message}).",
+        K.CORRUPT_CHECKPOINT: f"no usable checkpoint is left ({message}).",
+        K.DUPLICATE_WRITER: f"another process writes this checkpoint directory ({message}).",
     }.get(kind, f"{message}.")
 
 
-def symptom(attempt: Attempt, info: ExitInfo, kind: str) -> str:
+def symptom(attempt: Attempt, info: ExitInfo, kind: IncidentKind) -> str:
     """What was seen, from the attempt's own evidence."""
     failure, record = attempt.failure, attempt.record
     last = attempt.last_event or {}
-    if kind == "stall" and attempt.stall_evidence is not None:
+    if kind is K.STALL and attempt.stall_evidence is not None:
         ev = attempt.stall_evidence
         cpu = ev.get("cpu_during_gap") or {}
         verdict = (
@@ -83,7 +51,7 @@ def symptom(attempt: Attempt, info: ExitInfo, kind: str) -> str:
             if (cpu.get("percent") or 0) < 20
             else "spinning (busy without progress)"
         )
-        awaited = "ready" if ev["phase"] == "startup" else "progress"
+        awaited = "ready" if ev["phase"] == StallPhase.STARTUP else "progress"
         return (
             f"Attempt {attempt.number} made no {awaited} "
             f"event for {ev['gap_s']:.2f} s (timeout {ev['timeout_s']:g} s, overshoot "
@@ -106,7 +74,7 @@ def symptom(attempt: Attempt, info: ExitInfo, kind: str) -> str:
     )
 
 
-def prevention(attempt: Attempt, kind: str, incident: Incident) -> list[str]:
+def prevention(attempt: Attempt, kind: IncidentKind, incident: Incident) -> list[str]:
     """Prevention work derived from the failure, kept apart from the restoration."""
     job = attempt.record.job
     faults = job.faults if attempt.number == 1 or job.faults.every_attempt else None
@@ -122,18 +90,18 @@ def prevention(attempt: Attempt, kind: str, incident: Incident) -> list[str]:
             "faults apply to the first attempt only. Nothing to fix in the model; "
             "keep [faults] out of production job files."
         )
-    elif kind == "crash":
+    elif kind is K.CRASH:
         lines.append(
             f"Read the traceback in {incident.evidence['stderr']} and fix the "
             "cause before the next run; a restart only repeats a deterministic "
             "failure."
         )
-    elif kind == "stall":
+    elif kind is K.STALL:
         lines.append(
             f"Read the stack dump in {incident.evidence.get('stack dump')}: the "
             "innermost frame of the main thread is where the worker waited."
         )
-    elif kind == "rss_limit":
+    elif kind is K.RSS_LIMIT:
         lines.append(
             f"Raise [supervision] max_rss_mb (now {job.supervision.max_rss_mb}) "
             "or shrink the state."
@@ -150,11 +118,11 @@ def prevention(attempt: Attempt, kind: str, incident: Incident) -> list[str]:
 
 
 def failure_incident(
-    attempt: Attempt, kind: str, symptom_text: str, number: int, checkpoint_dir: Path
+    attempt: Attempt, kind: IncidentKind, symptom_text: str, number: int, checkpoint_dir: Path
 ) -> Incident:
     """A new incident for a failed attempt: its evidence, failure boundary and prevention."""
     record = attempt.record
-    folder = attempt.process.folder
+    folder = attempt.folder
     incident = Incident(
         id=f"{record.id}-{number}",
         job=record.id,
@@ -208,7 +176,7 @@ def restart_incident(
     return Incident(
         id=f"{record.id}-{number}",
         job=record.id,
-        kind="daemon_restart",
+        kind=K.DAEMON_RESTART,
         opened=time.time(),
         attempt=record.attempt,
         symptom=text,
@@ -237,7 +205,7 @@ def duplicate_writer_incident(
     return Incident(
         id=f"{record.id}-{number}",
         job=record.id,
-        kind="duplicate_writer",
+        kind=K.DUPLICATE_WRITER,
         opened=now,
         attempt=record.attempt,
         symptom=(
@@ -267,7 +235,7 @@ def duplicate_writer_incident(
 
 
 async def stall_evidence(
-    attempt: Attempt, phase: str, gap: float, timeout: float
+    attempt: Attempt, phase: StallPhase, gap: float, timeout: float
 ) -> dict[str, Any]:
     """What a stalled worker was doing: psutil status, CPU used in the gap, every thread's stack.
 
@@ -275,7 +243,7 @@ async def stall_evidence(
     its stderr and also kept as ``stack-dump.txt``.  About 0 % CPU is a hung
     worker, about 100 % a spinning one.
     """
-    sample = attempt.process.sample()
+    sample = attempt.running.sample()
     cpu_gap = None
     if attempt.cpu_mark is not None and "cpu_s" in sample:
         mark_time, mark_cpu = attempt.cpu_mark
@@ -286,14 +254,14 @@ async def stall_evidence(
             "over_s": round(span, 3),
             "percent": round(100 * used / span, 1) if span > 0 else None,
         }
-    stderr_path = attempt.process.folder / "stderr.log"
+    stderr_path = attempt.folder / "stderr.log"
     offset = stderr_path.stat().st_size if stderr_path.exists() else 0
-    attempt.process.signal(signal.SIGUSR1)
+    attempt.running.signal(signal.SIGUSR1)
     await asyncio.sleep(STACK_DUMP_WAIT_S)
     with stderr_path.open("rb") as stream:
         stream.seek(offset)
         dump = stream.read(64 * 1024).decode(errors="replace")
-    dump_path = attempt.process.folder / "stack-dump.txt"
+    dump_path = attempt.folder / "stack-dump.txt"
     dump_path.write_text(dump)
     return {
         "phase": phase,

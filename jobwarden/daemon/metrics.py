@@ -42,7 +42,7 @@ class WardendCollector:
         incidents = CounterMetricFamily(
             "jobwarden_incidents", "Incidents by kind.", labels=["kind"]
         )
-        for kind, count in sorted(daemon.incident_kinds.items()):
+        for kind, count in sorted(daemon.stats.incident_kinds.items()):
             incidents.add_metric([kind], count)
         yield incidents
         yield CounterMetricFamily(
@@ -58,30 +58,32 @@ class WardendCollector:
         yield CounterMetricFamily(
             "jobwarden_stall_detections",
             "Stalls detected.",
-            value=daemon.counters["stalls_detected"],
+            value=daemon.stats.stalls_detected,
         )
-        totals = daemon.checkpoint_totals
+        stats = daemon.stats
         yield CounterMetricFamily(
-            "jobwarden_checkpoints", "Checkpoints committed.", value=totals["count"]
+            "jobwarden_checkpoints", "Checkpoints committed.", value=stats.checkpoints
         )
         yield CounterMetricFamily(
-            "jobwarden_checkpoint_bytes", "Bytes of checkpoints committed.", value=totals["bytes"]
+            "jobwarden_checkpoint_bytes",
+            "Bytes of checkpoints committed.",
+            value=stats.checkpoint_bytes,
         )
         yield CounterMetricFamily(
             "jobwarden_checkpoint_seconds",
             "Seconds spent committing checkpoints.",
-            value=totals["seconds"],
+            value=stats.checkpoint_seconds,
         )
         intake = CounterMetricFamily(
             "jobwarden_requests", "Spool requests by outcome.", labels=["outcome"]
         )
-        intake.add_metric(["accepted"], daemon.counters["intake_accepted"])
-        intake.add_metric(["rejected"], daemon.counters["intake_rejected"])
+        intake.add_metric(["accepted"], daemon.stats.intake_accepted)
+        intake.add_metric(["rejected"], daemon.stats.intake_rejected)
         yield intake
         yield CounterMetricFamily(
             "jobwarden_malformed_event_lines",
             "Worker stdout lines that were not valid events.",
-            value=daemon.counters["malformed_event_lines"],
+            value=daemon.stats.malformed_event_lines,
         )
 
 

@@ -8,11 +8,25 @@ attempt also logged must reproduce the logged hash.  Any mismatch escalates.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from jobwarden.events import Event, read_events
+
+
+class Verdict(enum.StrEnum):
+    """Where the proof of a recovery stands."""
+
+    PENDING = "pending"
+    """logged states remain to be replayed"""
+    VERIFIED = "verified"
+    """every logged state at or after the recovery point was reproduced exactly"""
+    UNVERIFIED = "unverified"
+    """nothing was logged at or after the recovery point, so nothing could be compared"""
+    MISMATCH = "mismatch"
+    """a replayed state differs from the log: a different experiment"""
 
 
 @dataclass
@@ -70,8 +84,8 @@ class ReplayPlan:
         """Whether every logged update up to the failed attempt's last one has been replayed."""
         return latest_step >= self.last_logged_step
 
-    def verdict(self) -> str:
-        """verified, mismatch, or unverified (nothing was logged after the recovery point)."""
+    def verdict(self) -> Verdict:
+        """The verdict if the replay ended now: mismatch, verified, or unverified."""
         if self.mismatch is not None:
-            return "mismatch"
-        return "verified" if self.checks else "unverified"
+            return Verdict.MISMATCH
+        return Verdict.VERIFIED if self.checks else Verdict.UNVERIFIED

@@ -1,49 +1,82 @@
 """Stall detection: a startup timeout until ``ready``, then a stall timeout between progress.
 
-Deadlines are timers on the daemon's loop clock (monotonic), re-armed on
-every progress or checkpoint event, so detection is as late as the timer
-fires, a few milliseconds past the timeout.
+Deadlines are timers on a monotonic clock (the daemon's loop), re-armed on
+every ready, progress or checkpoint event, so detection is as late as the
+timer fires, a few milliseconds past the timeout.  The clock is anything with
+the loop's ``time()`` and ``call_at()``, so tests drive it by hand.
 """
 
 from __future__ import annotations
 
-import asyncio
+import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import Protocol
 
 
-@dataclass
+class StallPhase(enum.StrEnum):
+    """What the watch is waiting for."""
+
+    STARTUP = "startup"
+    """spawn until the ``ready`` event"""
+    STALL = "stall"
+    """one progress (or checkpoint) event to the next"""
+
+
+class Timer(Protocol):
+    """A scheduled callback that can be cancelled (`asyncio.TimerHandle`)."""
+
+    def cancel(self) -> None:
+        """Do not run the callback."""
+
+
+class Clock(Protocol):
+    """Monotonic time and timers: the asyncio loop, or a test's hand-driven clock."""
+
+    def time(self) -> float:
+        """Now, in seconds."""
+        ...
+
+    def call_at(self, when: float, callback: Callable[[], object], /) -> Timer:
+        """Run ``callback`` at ``when``."""
+        ...
+
+
 class StallWatch:
-    """The deadline of one attempt; calls ``on_stall(phase, gap_s)`` when it passes."""
+    """The deadline of one attempt; calls ``on_stall(phase, gap_s)`` once it passes."""
 
-    loop: asyncio.AbstractEventLoop
-    on_stall: Callable[[str, float], None]
-    last_event: float = 0.0
-    phase: str = "startup"
-    _timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    def __init__(self, clock: Clock, on_stall: Callable[[StallPhase, float], None]) -> None:
+        self.clock = clock
+        self.on_stall = on_stall
+        self.phase = StallPhase.STARTUP
+        self.last_event = clock.time()
+        self._timer: Timer | None = None
 
-    def _arm(self, timeout_s: float) -> None:
+    def _arm(self, phase: StallPhase, timeout_s: float) -> None:
         self.cancel()
-        self.last_event = self.loop.time()
-        self._timer = self.loop.call_at(self.last_event + timeout_s, self._fire)
+        self.phase = phase
+        self.last_event = self.clock.time()
+        self._timer = self.clock.call_at(self.last_event + timeout_s, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
-        self.on_stall(self.phase, self.loop.time() - self.last_event)
+        self.on_stall(self.phase, self.gap())
 
     def start(self, startup_timeout_s: float) -> None:
         """Arm the startup deadline (spawn until ``ready``)."""
-        self.phase = "startup"
-        self._arm(startup_timeout_s)
+        self._arm(StallPhase.STARTUP, startup_timeout_s)
 
     def alive(self, stall_timeout_s: float) -> None:
         """Forward motion (ready, progress, checkpoint): re-arm the stall deadline."""
-        self.phase = "stall"
-        self._arm(stall_timeout_s)
+        self._arm(StallPhase.STALL, stall_timeout_s)
 
     def gap(self) -> float:
         """Seconds since the last forward motion."""
-        return self.loop.time() - self.last_event
+        return self.clock.time() - self.last_event
+
+    @property
+    def armed(self) -> bool:
+        """Whether a deadline is pending."""
+        return self._timer is not None
 
     def cancel(self) -> None:
         """Disarm (the attempt ended)."""

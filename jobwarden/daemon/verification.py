@@ -1,48 +1,35 @@
 """Proving a recovery as it happens, from the resumed attempt's own events.
 
-The `ReplayPlan` holds what the failed attempt logged; `ReplayVerifier` follows
-the resumed attempt (restored, ready, progress) and records the proof in the
-incident: the recovery point, the boundary check, every replayed update, and
-then either the verified outcome or an escalation.
+The `ReplayPlan` holds what the failed attempt logged; a `ReplayVerifier`
+follows one resumed attempt (restored, ready, progress), writes the proof into
+the recovery's incident (the recovery point, the boundary check, every
+replayed update) and returns a `Verdict`.  It does no I/O and never acts on the
+attempt: its job's supervisor persists the incident and decides what a
+verdict means.
 """
 
 from __future__ import annotations
 
-from jobwarden.daemon.attempt import Attempt
-from jobwarden.daemon.incidents import IncidentLog
-from jobwarden.daemon.jobs import JobTable
+from jobwarden.daemon.incidents import Incident
+from jobwarden.daemon.recovery import ReplayPlan, Verdict
 from jobwarden.events import Event
-from jobwarden.states import JobState
 
-S = JobState
+V = Verdict
 
 
 class ReplayVerifier:
-    """Verifies recovering attempts for the daemon's loop."""
+    """Compares one recovering attempt with the failed attempt's log."""
 
-    def __init__(self, table: JobTable, incidents: IncidentLog) -> None:
-        self.table = table
-        self.incidents = incidents
+    def __init__(self, plan: ReplayPlan, incident: Incident) -> None:
+        self.plan = plan
+        self.incident = incident
+        self.verdict = V.PENDING
+        self.time_lost_s: float | None = None
 
-    def progress(self, attempt: Attempt, event: Event) -> None:
-        """One resumed update: compare it with the log, finish when the log is exhausted."""
-        plan = attempt.plan
-        if plan is not None:
-            if not plan.observe(event["step"], event.get("state_hash"), "update"):
-                self.escalate(attempt)
-                return
-            if plan.done(event["step"]):
-                self.finish(attempt)
-        if attempt.pending_time_lost is not None:
-            self.time_lost(attempt, event)
-
-    def restored(self, attempt: Attempt, event: Event) -> None:
+    def restored(self, event: Event) -> None:
         """The recovery point: which file, which checks it passed, what was passed over."""
-        attempt.record.newest_checkpoint_step = event["step"]
-        if attempt.plan is None or attempt.incident is None:
-            return
-        attempt.plan.restored_step = event["step"]
-        incident = attempt.incident
+        self.plan.restored_step = event["step"]
+        incident = self.incident
         incident.recovery_point = {
             "step": event["step"],
             "file": event["file"],
@@ -54,117 +41,77 @@ class ReplayVerifier:
         }
         for skipped in event["skipped"]:
             incident.evidence[f"quarantined {skipped['file']}"] = skipped["quarantined_to"]
-        self.incidents.write(incident, "incident.recovery_point")
 
-    def ready(self, attempt: Attempt, event: Event) -> None:
+    def ready(self, event: Event) -> Verdict:
         """The resumed state against the failed attempt's logged state at that step."""
-        plan, incident = attempt.plan, attempt.incident
-        assert plan is not None
+        plan = self.plan
         if plan.restored_step is None:
             plan.restored_step = event["step"]
-            if incident is not None and event["step"] == 0:
-                incident.recovery_point = {"fresh": True, "step": 0}
-        if incident is not None:
-            incident.replayed_steps = plan.to_verify()
-            delay = incident.details.get("backoff_s", 0.0)
-            incident.action = {
-                "attempt": attempt.number,
-                "pid": attempt.process.pid,
-                "writer_generation": event.get("generation"),
-                "text": (
-                    f"Started attempt {attempt.number} (pid {attempt.process.pid}, writer "
-                    f"generation {event.get('generation')}) as the single writer of "
-                    f"checkpoint '{attempt.record.checkpoint}', with faults off, resuming "
-                    f"from step {plan.restored_step} after a {delay:.2f} s backoff (restart "
-                    f"{attempt.record.restarts} of at most "
-                    f"{attempt.record.job.supervision.max_restarts})."
-                ),
-            }
-        if not plan.observe(event["step"], event["state_hash"], "restored state"):
-            self.escalate(attempt)
-            return
-        if plan.done(event["step"]):
-            self.finish(attempt)
+            if event["step"] == 0:
+                self.incident.recovery_point = {"fresh": True, "step": 0}
+        self.incident.replayed_steps = plan.to_verify()
+        return self._observe(event["step"], event["state_hash"], "restored state")
 
-    def finish(self, attempt: Attempt) -> None:
-        """Every logged update reproduced: the incident is verified, the job runs on."""
-        plan, incident, record = attempt.plan, attempt.incident, attempt.record
-        assert plan is not None
-        attempt.plan = None
-        record.replayed_updates += plan.replayed_updates
-        verdict = plan.verdict()
-        if incident is not None:
+    def progress(self, event: Event) -> Verdict:
+        """One resumed update: compare it with the log; settle when the log is exhausted."""
+        if self.verdict in (V.VERIFIED, V.UNVERIFIED):
+            self._time_lost(event)
+        if self.verdict is not V.PENDING:
+            return self.verdict
+        return self._observe(event["step"], event.get("state_hash"), "update")
+
+    def settle(self) -> Verdict:
+        """Conclude with what has been compared so far (the attempt completed first)."""
+        if self.verdict is V.PENDING:
+            self._conclude(self.plan.verdict())
+        return self.verdict
+
+    def _observe(self, step: int, state_hash: str | None, what: str) -> Verdict:
+        if not self.plan.observe(step, state_hash, what):
+            self._conclude(V.MISMATCH)
+        elif self.plan.done(step):
+            self._conclude(self.plan.verdict())
+        return self.verdict
+
+    def _conclude(self, verdict: Verdict) -> None:
+        plan, incident = self.plan, self.incident
+        self.verdict = verdict
+        if verdict is V.MISMATCH and plan.mismatch is not None:
+            bad = plan.mismatch
+            text = (
+                f"MISMATCH at step {bad['step']} ({bad['what']}): the failed attempt logged "
+                f"`{bad['logged']}`, the resumed attempt produced `{bad['found']}`. The "
+                "resumed run is a different experiment."
+            )
+            incident.prevention.append(
+                "Find why the replay differs before resuming: a changed runtime, "
+                "nondeterministic kernels, or state the checkpoint does not hold."
+            )
+        elif verdict is V.VERIFIED:
             replayed = [c["step"] for c in plan.checks if c["what"] == "update"]
             text = (
                 f"verified: all {len(plan.checks)} logged state(s) reproduced exactly "
                 f"(restored state and updates {', '.join(map(str, replayed)) or 'none'})."
-                if verdict == "verified"
-                else "unverified: the failed attempt logged no state at or after the recovery "
+            )
+        else:
+            text = (
+                "unverified: the failed attempt logged no state at or after the recovery "
                 "point, so there was nothing to compare; the restored checkpoint passed "
                 "every validation check."
             )
-            incident.verification = {"verdict": verdict, "checks": plan.checks, "text": text}
-            attempt.resolved.append(incident)
-            attempt.pending_time_lost = incident if plan.last_progress_time is not None else None
-            self.incidents.conclude(
-                incident,
-                verdict,
-                f"Recovered: attempt {attempt.number} continues the same "
-                f"experiment from step {plan.restored_step}; the job runs on.",
-                f"incident.{verdict}",
-            )
-        if record.state is S.RECOVERING:
-            self.table.transition(record, S.RUNNING, f"recovery {verdict}", verdict=verdict)
-        attempt.incident = None
+        incident.verification = {"verdict": verdict.value, "checks": plan.checks, "text": text}
 
-    def time_lost(self, attempt: Attempt, event: Event) -> None:
+    def _time_lost(self, event: Event) -> None:
         """The first new update past the failure: record the time the failure cost."""
-        incident = attempt.pending_time_lost
-        assert incident is not None
-        last_logged = incident.boundary.get("last_logged_step", 0)
-        if event["step"] <= last_logged:
+        if self.time_lost_s is not None or self.plan.last_progress_time is None:
             return
-        attempt.pending_time_lost = None
-        lost_since = incident.details.get("last_progress_time") or incident.opened
-        incident.time_lost_s = max(0.0, event["time"] - lost_since)
-        attempt.record.time_lost_s += incident.time_lost_s
-        self.table.save(attempt.record)
-        self.incidents.write(incident, "incident.goodput")
+        if event["step"] <= self.incident.boundary.get("last_logged_step", 0):
+            return
+        lost_since = self.incident.details.get("last_progress_time") or self.incident.opened
+        self.time_lost_s = max(0.0, event["time"] - lost_since)
+        self.incident.time_lost_s = self.time_lost_s
 
-    def escalate(self, attempt: Attempt) -> None:
-        """A replayed state differs from the log: kill the worker, keep everything, escalate."""
-        plan, record = attempt.plan, attempt.record
-        assert plan is not None
-        assert plan.mismatch is not None
-        bad = plan.mismatch
-        incident = attempt.incident
-        assert incident is not None  # a recovering attempt always carries its incident
-        incident.verification = {
-            "verdict": "mismatch",
-            "checks": plan.checks,
-            "text": (
-                f"MISMATCH at step {bad['step']} ({bad['what']}): the failed attempt logged "
-                f"`{bad['logged']}`, the resumed attempt produced `{bad['found']}`. The "
-                "resumed run is a different experiment."
-            ),
-        }
-        incident.prevention.append(
-            "Find why the replay differs before resuming: a changed "
-            "runtime, nondeterministic kernels, or state the checkpoint "
-            "does not hold."
-        )
-        self.incidents.conclude(
-            incident,
-            "escalated",
-            "Escalated: the worker was stopped at once (SIGKILL, so it commits "
-            "nothing more), every file is kept, and no restart follows. A person "
-            "must compare the saved key, momentum, step and the data, config and "
-            "source hashes (wardenctl inspect) before deciding.",
-            "incident.escalated",
-        )
-        attempt.plan = None
-        attempt.process.stop_reason = "mismatch"
-        attempt.process.kill_group()
-        self.table.transition(
-            record, S.ESCALATED, f"replay mismatch at step {bad['step']}", incident=incident.id
-        )
+    @property
+    def mismatch_step(self) -> int | None:
+        """The step whose replayed state differed, if one did."""
+        return self.plan.mismatch["step"] if self.plan.mismatch else None

@@ -1,0 +1,205 @@
+"""The launcher seam: how an attempt is started, followed, signalled and reaped.
+
+A `Launcher` turns a `LaunchSpec` (argv, environment, working directory,
+process count, evidence folder) into a `RunningAttempt`.  Everything a job's
+supervisor knows about a running attempt comes through that object: the
+events it streams, its pid and samples, the signals it accepts, and its
+`ExitInfo`.  So another launcher (Slurm, say) drops in without touching the
+policy or the supervisor.  ``wardend --launcher NAME`` picks one: a name
+registered in the ``jobwarden.launchers`` entry point group, or
+``module:attribute``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import importlib
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from jobwarden.errors import JobwardenError
+from jobwarden.events import Event, Malformed, parse_line
+
+LINE_LIMIT = 1 << 20
+ENTRY_POINT_GROUP = "jobwarden.launchers"
+
+OnEvent = Callable[[Event], None]
+OnMalformed = Callable[[Malformed], None]
+
+
+class LauncherError(JobwardenError):
+    """Raised when a launcher cannot be found or cannot start an attempt."""
+
+    code = "daemon.launcher"
+    exit_status = 78
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One attempt to start: what to run, where, and where its evidence goes."""
+
+    job_id: str
+    attempt: int
+    folder: Path
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path | None = None
+    processes: int = 1
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    """How an attempt ended: its exit status (negative: killed by that signal)."""
+
+    status: int
+    signal: str | None
+    duration_s: float
+
+    @classmethod
+    def from_status(cls, status: int, duration_s: float) -> ExitInfo:
+        """From a returncode as asyncio and subprocess report it."""
+        name = signal.Signals(-status).name if status < 0 else None
+        return cls(status, name, duration_s)
+
+
+class RunningAttempt(abc.ABC):
+    """An attempt a launcher started; the supervisor's only handle on it."""
+
+    def __init__(self, spec: LaunchSpec) -> None:
+        self.spec = spec
+        self.ended = asyncio.Event()
+        self.exit_info: ExitInfo | None = None
+
+    @property
+    @abc.abstractmethod
+    def pid(self) -> int | None:
+        """The main process's pid, where the launcher knows one."""
+
+    @abc.abstractmethod
+    async def follow(self, on_event: OnEvent, on_malformed: OnMalformed) -> ExitInfo:
+        """Dispatch every event line until the attempt ends, then return how it ended.
+
+        Implementations keep every byte of the event stream in
+        ``folder/events.jsonl`` and set `exit_info` and `ended` before returning.
+        """
+
+    @abc.abstractmethod
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the attempt's main process, if it still runs."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """Kill everything the attempt started, at once."""
+
+    def create_time(self) -> float | None:
+        """The kernel's start time of the main process, to recognise it after a restart."""
+        return None
+
+    def sample(self) -> dict[str, Any]:
+        """Resource figures (rss_mb, cpu_percent, status, threads, cpu_s), where known."""
+        return {}
+
+    def _ended(self, info: ExitInfo) -> ExitInfo:
+        self.exit_info = info
+        self.ended.set()
+        return info
+
+    async def stop(self, grace_s: float) -> None:
+        """SIGTERM, up to ``grace_s`` to leave (the worker commits), then kill; returns once
+        the attempt has ended."""
+        self.signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.ended.wait(), grace_s)
+        except TimeoutError:
+            self.kill()
+            await self.ended.wait()
+
+
+class Launcher(abc.ABC):
+    """Starts attempts."""
+
+    name: str
+
+    @abc.abstractmethod
+    async def start(self, spec: LaunchSpec) -> RunningAttempt:
+        """Start ``spec``'s attempt; raises `LauncherError` when it cannot."""
+
+    async def wait_orphan(self, pid: int, started: float | None) -> None:  # noqa: B027
+        """After the daemon's own restart: return once an attempt it started before
+        (``pid``, started at ``started``) has gone, ending it if it outlives the wait."""
+
+
+async def pump(
+    stream: asyncio.StreamReader, events_path: Path, on_event: OnEvent, on_malformed: OnMalformed
+) -> None:
+    """Record every byte of ``stream`` verbatim in ``events_path`` and dispatch each line,
+    until EOF.
+
+    Lines longer than `LINE_LIMIT` are kept in the file but reported as
+    malformed once and not parsed; nothing the worker writes can crash this.
+    """
+    buffer = bytearray()
+    lineno, skipping = 0, False
+
+    def dispatch(raw: bytes) -> None:
+        parsed = parse_line(raw.decode(errors="replace"), lineno)
+        if isinstance(parsed, Event):
+            on_event(parsed)
+        else:
+            on_malformed(parsed)
+
+    with events_path.open("ab", buffering=0) as events:
+        while chunk := await stream.read(1 << 16):
+            events.write(chunk)
+            buffer += chunk
+            while (end := buffer.find(b"\n")) >= 0:
+                line = bytes(buffer[:end])
+                del buffer[: end + 1]
+                lineno += 1
+                if skipping:
+                    skipping = False
+                elif line.strip():
+                    dispatch(line)
+            if len(buffer) > LINE_LIMIT and not skipping:
+                lineno += 1
+                text = buffer[:200].decode(errors="replace")
+                on_malformed(Malformed(text, f"line over {LINE_LIMIT} bytes", lineno))
+                skipping = True
+            if skipping:
+                buffer.clear()
+        if buffer.strip() and not skipping:
+            lineno += 1
+            dispatch(bytes(buffer))
+
+
+def load(name: str) -> Launcher:
+    """The launcher called ``name``: a ``jobwarden.launchers`` entry point or ``module:attr``."""
+    if ":" in name:
+        module, _, attribute = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as error:
+            raise LauncherError(f"launcher {name!r} cannot be loaded: {error}") from error
+    else:
+        found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+        if name not in found:
+            raise LauncherError(
+                f"no launcher {name!r}; known: {', '.join(sorted(found)) or 'none'}",
+                launcher=name,
+            )
+        factory = found[name].load()
+    launcher = factory()
+    if not isinstance(launcher, Launcher):
+        raise LauncherError(f"launcher {name!r} is not a Launcher", launcher=name)
+    return launcher
+
+
+def suppress_gone() -> contextlib.suppress:
+    """Ignore the signal or kill of a process that has already gone."""
+    return contextlib.suppress(ProcessLookupError)

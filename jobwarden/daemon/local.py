@@ -1,0 +1,144 @@
+"""The local launcher: each attempt is a process group on this box, watched with psutil.
+
+The worker starts in a new session (its own process group), stdin from
+/dev/null, stdout a pipe whose every byte is kept in ``events.jsonl``, stderr
+straight into ``stderr.log``.  Its exit is learned from asyncio's child watcher;
+a kill reaches the whole group, so nothing the worker started outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from typing import Any
+
+import psutil
+import structlog
+
+from jobwarden.daemon.launcher import (
+    LINE_LIMIT,
+    ExitInfo,
+    Launcher,
+    LauncherError,
+    LaunchSpec,
+    OnEvent,
+    OnMalformed,
+    RunningAttempt,
+    pump,
+    suppress_gone,
+)
+from jobwarden.worker.runtime import SUPERVISOR_ENV
+
+log = structlog.get_logger("wardend.local")
+ORPHAN_WAIT_S = 60.0
+ORPHAN_POLL_S = 0.05
+
+
+class LocalAttempt(RunningAttempt):
+    """One attempt's worker process group."""
+
+    def __init__(self, spec: LaunchSpec, proc: asyncio.subprocess.Process) -> None:
+        super().__init__(spec)
+        self.proc = proc
+        self.started_mono = time.monotonic()
+        try:
+            self._ps: psutil.Process | None = psutil.Process(proc.pid)
+        except psutil.Error:
+            self._ps = None
+
+    @property
+    def pid(self) -> int:
+        """The worker's pid, which is also its process group id."""
+        return self.proc.pid
+
+    def create_time(self) -> float | None:
+        """The kernel's start time of the worker."""
+        try:
+            return self._ps.create_time() if self._ps else None
+        except psutil.Error:
+            return None
+
+    async def follow(self, on_event: OnEvent, on_malformed: OnMalformed) -> ExitInfo:
+        """Pump stdout until EOF, then reap the worker."""
+        if self.proc.stdout is not None:
+            await pump(self.proc.stdout, self.spec.folder / "events.jsonl", on_event, on_malformed)
+        status = await self.proc.wait()
+        return self._ended(ExitInfo.from_status(status, time.monotonic() - self.started_mono))
+
+    def sample(self) -> dict[str, Any]:
+        """rss, cpu%, status and threads of the worker, from psutil."""
+        if self._ps is None:
+            return {}
+        try:
+            with self._ps.oneshot():
+                times = self._ps.cpu_times()
+                return {
+                    "rss_mb": round(self._ps.memory_info().rss / 2**20, 1),
+                    "cpu_percent": self._ps.cpu_percent(interval=None),
+                    "status": self._ps.status(),
+                    "threads": self._ps.num_threads(),
+                    "cpu_s": times.user + times.system,
+                    "sampled": time.time(),
+                }
+        except psutil.Error:
+            return {}
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the worker alone, if it still runs."""
+        if self.proc.returncode is None:
+            with suppress_gone():
+                os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL the worker's whole process group."""
+        with suppress_gone():
+            os.killpg(self.pid, signal.SIGKILL)
+
+
+class LocalLauncher(Launcher):
+    """Starts each attempt as a process group on this box."""
+
+    name = "local"
+
+    async def wait_orphan(self, pid: int, started: float | None) -> None:
+        """Poll the old worker until it exits (it sees its stdout break, commits and leaves);
+        SIGKILL its group after `ORPHAN_WAIT_S`.  A pid reused by another process counts
+        as gone."""
+        deadline = time.monotonic() + ORPHAN_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                proc = psutil.Process(pid)
+                if started is not None and abs(proc.create_time() - started) > 1.0:
+                    return
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    return
+            except psutil.NoSuchProcess:
+                return
+            await asyncio.sleep(ORPHAN_POLL_S)
+        log.warning("orphan.killed", pid=pid, waited_s=ORPHAN_WAIT_S)
+        with suppress_gone():
+            os.killpg(pid, signal.SIGKILL)
+
+    async def start(self, spec: LaunchSpec) -> LocalAttempt:
+        """Spawn the worker in a new session, stderr straight to stderr.log."""
+        if spec.processes != 1:
+            raise LauncherError(
+                f"the local launcher runs one process per attempt, not {spec.processes}",
+                processes=spec.processes,
+            )
+        spec.folder.mkdir(parents=True, exist_ok=True)
+        env = {**spec.env, SUPERVISOR_ENV: str(os.getpid())}
+        with (spec.folder / "stderr.log").open("ab") as stderr:
+            proc = await asyncio.create_subprocess_exec(
+                *spec.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=stderr,
+                env=env,
+                cwd=spec.cwd,
+                start_new_session=True,
+                limit=LINE_LIMIT,
+            )
+        return LocalAttempt(spec, proc)

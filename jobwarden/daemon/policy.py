@@ -1,0 +1,212 @@
+"""The daemon's decisions, as pure functions: what follows when an attempt ends.
+
+`decide` maps (the job's record, what the attempt reported, how it exited) to
+one `Outcome`; the job's supervisor applies it.  Nothing here does I/O or reads
+a clock: every fact, time included, comes in as an argument, so each rule has a
+unit test that runs in microseconds.
+
+The rules, in the order they apply:
+
+1. stopped by the daemon because a replayed state differed: `Escalate`;
+2. stopped by an operator, or by the daemon's shutdown, before completing:
+   `Preempted` (after a shutdown, resumed when the daemon starts again);
+3. exit status 0 after a ``completed`` event: `Completed`;
+4. anything else is a failure of some `IncidentKind` (`classify`):
+   - kinds a restart cannot mend (an incompatible or exhausted checkpoint
+     directory, a duplicate writer, an invalid request...): `Escalate`;
+   - the restart budget is spent: `Fail`;
+   - otherwise `Restart` after an exponential backoff.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from jobwarden.checkpoint.errors import IncompatibleCheckpoint, NoUsableCheckpoint
+from jobwarden.errors import (
+    JobFileError,
+    JobwardenError,
+    PreemptedExit,
+    ResumePolicyError,
+    UnsafeCacheError,
+    WriterLockedError,
+)
+
+if TYPE_CHECKING:
+    from jobwarden.daemon.jobs import JobRecord
+    from jobwarden.daemon.launcher import ExitInfo
+
+
+class StopReason(enum.StrEnum):
+    """Why the daemon itself stopped an attempt."""
+
+    OPERATOR = "operator"
+    SHUTDOWN = "shutdown"
+    STALL = "stall"
+    RSS = "rss"
+    MISMATCH = "mismatch"
+
+
+class IncidentKind(enum.StrEnum):
+    """What kind of failure an incident records."""
+
+    CRASH = "crash"
+    STALL = "stall"
+    RSS_LIMIT = "rss_limit"
+    PREEMPTION = "preemption"
+    INVALID_REQUEST = "invalid_request"
+    RESUME_POLICY = "resume_policy"
+    UNSAFE_CACHE = "unsafe_cache"
+    DUPLICATE_WRITER = "duplicate_writer"
+    CORRUPT_CHECKPOINT = "corrupt_checkpoint"
+    INCOMPATIBLE_CHECKPOINT = "incompatible_checkpoint"
+    REPLAY_MISMATCH = "replay_mismatch"
+    DAEMON_RESTART = "daemon_restart"
+
+
+K = IncidentKind
+
+
+def _codes(base: type[JobwardenError]) -> frozenset[str]:
+    """The codes of ``base``'s concrete subclasses: the refusals a worker reports."""
+    found, stack = set(), list(base.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        found.add(cls.code)
+    return frozenset(found)
+
+
+# Worker refusals that escalate to a person, and the kind of incident each is: a
+# restart would meet the same refusal.  Corrupt files are not here: the worker
+# quarantines them and falls back by itself, and only `NoUsableCheckpoint` is final.
+ESCALATING_CODES: dict[str, IncidentKind] = {
+    JobFileError.code: K.INVALID_REQUEST,
+    ResumePolicyError.code: K.RESUME_POLICY,
+    UnsafeCacheError.code: K.UNSAFE_CACHE,
+    WriterLockedError.code: K.DUPLICATE_WRITER,
+    NoUsableCheckpoint.code: K.CORRUPT_CHECKPOINT,
+    **dict.fromkeys(_codes(IncompatibleCheckpoint), K.INCOMPATIBLE_CHECKPOINT),
+}
+ESCALATING_KINDS = frozenset({*ESCALATING_CODES.values(), K.REPLAY_MISMATCH})
+
+
+@dataclass(frozen=True)
+class AttemptReport:
+    """What the supervisor learned of an attempt from its events and its own actions."""
+
+    number: int
+    completed: bool = False
+    failure_code: str | None = None
+    failure_message: str | None = None
+    stopped_by: StopReason | None = None
+    mismatch_step: int | None = None
+
+
+@dataclass(frozen=True)
+class Completed:
+    """The job finished its steps."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Preempted:
+    """The job was stopped on purpose and waits: for `wardenctl resume`, or the daemon."""
+
+    reason: str
+    resume_on_start: bool = False
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Start the next attempt after ``delay_s``, recovering from an incident of ``kind``."""
+
+    delay_s: float
+    reason: str
+    kind: IncidentKind
+
+
+@dataclass(frozen=True)
+class Fail:
+    """No further attempt: the restart budget is spent."""
+
+    reason: str
+    kind: IncidentKind
+
+
+@dataclass(frozen=True)
+class Escalate:
+    """No further attempt: a person must decide (no fallback, no relaxed checks)."""
+
+    reason: str
+    kind: IncidentKind
+
+
+Outcome = Completed | Preempted | Restart | Fail | Escalate
+
+
+def classify(report: AttemptReport, status: int) -> IncidentKind:
+    """The kind of failure of an attempt that ended without completing."""
+    if report.stopped_by is StopReason.MISMATCH:
+        return K.REPLAY_MISMATCH
+    if report.stopped_by is StopReason.STALL:
+        return K.STALL
+    if report.stopped_by is StopReason.RSS:
+        return K.RSS_LIMIT
+    if report.failure_code in ESCALATING_CODES:
+        return ESCALATING_CODES[report.failure_code]
+    if status == PreemptedExit.exit_status:
+        return K.PREEMPTION
+    return K.CRASH
+
+
+def backoff_s(restarts_used: int, base_s: float) -> float:
+    """The wait before restart number ``restarts_used + 1``: ``base_s`` doubled per restart."""
+    return float(base_s * 2**restarts_used)
+
+
+def decide(record: JobRecord, report: AttemptReport, exit: ExitInfo) -> Outcome:
+    """What follows the end of ``report``'s attempt of ``record``'s job (the rules above)."""
+    stopped_by, step = report.stopped_by, record.step
+    if stopped_by is StopReason.MISMATCH:
+        return Escalate(f"replay mismatch at step {report.mismatch_step}", K.REPLAY_MISMATCH)
+    if stopped_by is StopReason.OPERATOR and not report.completed:
+        return Preempted(f"stopped by operator at step {step}")
+    if stopped_by is StopReason.SHUTDOWN and not report.completed:
+        return Preempted(
+            f"daemon shutdown preempted attempt {report.number} at step {step}",
+            resume_on_start=True,
+        )
+    if exit.status == 0 and report.completed:
+        return Completed(f"attempt {report.number} completed")
+    kind = classify(report, exit.status)
+    if kind in ESCALATING_KINDS:
+        return Escalate(f"{kind}: {report.failure_message or ''}", kind)
+    supervision = record.job.supervision
+    if record.restarts >= supervision.max_restarts:
+        return Fail(f"{kind}; max_restarts exhausted", kind)
+    delay = backoff_s(record.restarts, supervision.restart_backoff_s)
+    return Restart(
+        delay,
+        f"{kind} of attempt {report.number}; restart {record.restarts + 1} in {delay:.2f} s",
+        kind,
+    )
+
+
+def admit(record: JobRecord, owner: JobRecord | None) -> Escalate | None:
+    """Refuse to start a job whose checkpoint a live job (``owner``) writes."""
+    if owner is None:
+        return None
+    return Escalate(
+        f"duplicate writer prevented: checkpoint '{record.checkpoint}' "
+        f"is owned by live job {owner.id}",
+        K.DUPLICATE_WRITER,
+    )
+
+
+def over_memory_limit(rss_mb: float | None, limit_mb: float) -> bool:
+    """Whether a worker's sampled rss calls for stopping it."""
+    return rss_mb is not None and rss_mb > limit_mb

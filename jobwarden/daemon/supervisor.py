@@ -1,0 +1,504 @@
+"""One supervisor per live job: it owns the attempt and applies the policy's outcomes.
+
+A `JobSupervisor` starts attempts through the daemon's `Launcher`, follows
+their events (progress, stalls, the replay proof), and when an attempt ends
+asks `policy.decide` what follows, then applies that `Outcome`: incidents are
+opened and concluded, the job's state moves through `JobTable.transition`,
+and a restart is a timer on the loop.  It runs on the daemon's one loop, and
+tells the daemon through ``on_settled`` when the job no longer needs a slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from jobwarden.daemon import diagnosis, policy
+from jobwarden.daemon.attempt import Attempt
+from jobwarden.daemon.incidents import Incident, IncidentLog
+from jobwarden.daemon.jobs import JobRecord, JobTable
+from jobwarden.daemon.launcher import ExitInfo, Launcher, LauncherError, LaunchSpec
+from jobwarden.daemon.layout import Root
+from jobwarden.daemon.policy import IncidentKind, Outcome, StopReason
+from jobwarden.daemon.recovery import ReplayPlan, Verdict
+from jobwarden.daemon.stall import Clock, StallPhase, StallWatch
+from jobwarden.daemon.stats import Stats
+from jobwarden.daemon.verification import ReplayVerifier
+from jobwarden.errors import JobwardenError
+from jobwarden.events import Event, Malformed
+from jobwarden.files import write_text_atomic
+from jobwarden.states import JobState
+from jobwarden.worker.command import worker_argv
+
+log = structlog.get_logger("wardend.supervisor")
+
+S = JobState
+K = IncidentKind
+
+
+@dataclass
+class Services:
+    """What a supervisor uses of its daemon."""
+
+    root: Root
+    table: JobTable
+    incidents: IncidentLog
+    launcher: Launcher
+    stats: Stats
+    clock: Clock
+    compile_cache: Path
+    environment: dict[str, str]
+    spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
+    owner_of: Callable[[JobRecord], JobRecord | None]
+    on_settled: Callable[[JobSupervisor], None]
+
+
+class UnappliableOutcome(JobwardenError):
+    """Raised when an outcome arrives without the attempt it needs (a failure with no
+    attempt, say): a defect in the caller, never a job's fault."""
+
+    code = "daemon.unappliable_outcome"
+
+    def __init__(self, job: str, outcome: Outcome) -> None:
+        super().__init__(
+            f"job {job}: cannot apply {outcome!r} here", job=job, outcome=repr(outcome)
+        )
+
+
+class JobSupervisor:
+    """Runs one job's attempts, from its launch until it settles."""
+
+    def __init__(self, record: JobRecord, services: Services) -> None:
+        self.record = record
+        self.services = services
+        self.attempt: Attempt | None = None
+        self.closing = False
+        self._relaunch: asyncio.TimerHandle | None = None
+        self._following: asyncio.Task[None] | None = None
+
+    # ---- starting attempts
+
+    async def launch(self, verifier: ReplayVerifier | None = None) -> None:
+        """Start the next attempt (a recovery when ``verifier`` is given)."""
+        s, record = self.services, self.record
+        if self.closing:
+            return
+        owner = s.owner_of(record)
+        refusal = policy.admit(record, owner)
+        if refusal is not None and owner is not None:
+            self._refuse_duplicate(refusal, owner)
+            return
+        record.attempt += 1
+        number = record.attempt
+        folder = s.root.job(record.id) / "attempts" / str(number)
+        folder.mkdir(parents=True, exist_ok=True)
+        job = record.job if number == 1 else record.job.without_faults()
+        job_file = folder / "job.json"
+        write_text_atomic(job_file, json.dumps(job.to_record(), indent=2) + "\n")
+        argv = worker_argv(job_file, s.root.checkpoints / record.checkpoint, s.compile_cache)
+        spec = LaunchSpec(record.id, number, folder, argv, dict(s.environment))
+        if record.state is S.QUEUED:
+            s.table.transition(record, S.STARTING, f"attempt {number} launched")
+        try:
+            running = await s.launcher.start(spec)
+        except (LauncherError, OSError) as error:
+            log.error("attempt.launch_failed", job=record.id, attempt=number, error=str(error))
+            self._settle_as(S.FAILED, f"attempt {number} could not be launched: {error}")
+            return
+        attempt = Attempt(
+            record,
+            number,
+            running,
+            StallWatch(s.clock, lambda phase, gap: self._on_stall(attempt, phase, gap)),
+            verifier,
+        )
+        self.attempt = attempt
+        record.pid, record.pid_started = running.pid, running.create_time()
+        record.attempt_started = time.time()
+        s.table.save(record)
+        attempt.stall.start(record.job.supervision.startup_timeout_s)
+        log.info(
+            "attempt.started",
+            job=record.id,
+            attempt=number,
+            pid=running.pid,
+            launcher=s.launcher.name,
+            recovery=verifier is not None,
+        )
+        self._following = s.spawn(self._follow(attempt))
+
+    async def recover_after_restart(self) -> None:
+        """The daemon restarted while this job was active: wait out its orphan, then resume."""
+        s, record = self.services, self.record
+        previous = record.pid
+        if previous is not None:
+            await s.launcher.wait_orphan(previous, record.pid_started)
+        folder = s.root.job(record.id) / "attempts" / str(record.attempt)
+        plan = ReplayPlan.from_events(record.attempt, folder / "events.jsonl")
+        incident = diagnosis.restart_incident(
+            record, plan, folder, previous, len(record.incidents) + 1
+        )
+        self._register(incident)
+        s.incidents.write(incident, "incident.detected")
+        record.resume_on_start = False
+        s.table.transition(record, S.RECOVERING, "daemon restarted", incident=incident.id)
+        await self.launch(ReplayVerifier(plan, incident))
+
+    async def _follow(self, attempt: Attempt) -> None:
+        info = await attempt.running.follow(
+            lambda e: self._on_event(attempt, e), lambda m: self._on_malformed(attempt, m)
+        )
+        self._ended(attempt, info)
+
+    # ---- events
+
+    def _on_malformed(self, attempt: Attempt, line: Malformed) -> None:
+        self.services.stats.malformed_event_lines += 1
+        log.warning(
+            "event.malformed",
+            job=self.record.id,
+            attempt=attempt.number,
+            line=line.lineno,
+            reason=line.reason,
+        )
+
+    def _on_event(self, attempt: Attempt, event: Event) -> None:
+        record, sup, stats = self.record, self.record.job.supervision, self.services.stats
+        attempt.last_event = {k: v for k, v in event.fields.items() if k != "components"}
+        verifier, kind = attempt.verifier, event.kind
+        if kind == "restored":
+            record.newest_checkpoint_step = event["step"]
+            if verifier is not None:
+                verifier.restored(event)
+                self.services.incidents.write(verifier.incident, "incident.recovery_point")
+        elif kind == "ready":
+            attempt.stall.alive(sup.stall_timeout_s)
+            if record.state is S.STARTING:
+                self.services.table.transition(record, S.RUNNING, f"attempt {attempt.number} ready")
+            if verifier is not None:
+                self._record_action(attempt, verifier, event)
+                self._replay(attempt, lambda: verifier.ready(event))
+        elif kind == "progress":
+            attempt.stall.alive(sup.stall_timeout_s)
+            record.step, record.last_progress = event["step"], time.time()
+            attempt.last_progress = attempt.last_event
+            self._mark_cpu(attempt)
+            if verifier is not None:
+                self._replay(attempt, lambda: verifier.progress(event))
+        elif kind == "checkpoint":
+            attempt.stall.alive(sup.stall_timeout_s)
+            attempt.checkpoint = (event["step"], event["file"])
+            record.newest_checkpoint_step = event["step"]
+            stats.checkpoints += 1
+            stats.checkpoint_bytes += event["bytes"]
+            stats.checkpoint_seconds += event["seconds"]
+        elif kind == "completed":
+            attempt.completed = True
+        elif kind == "failed":
+            attempt.failure = event
+
+    def _mark_cpu(self, attempt: Attempt) -> None:
+        now = time.monotonic()
+        if attempt.cpu_mark is None or now - attempt.cpu_mark[0] > 0.5:
+            cpu = attempt.running.sample().get("cpu_s")
+            if cpu is not None:
+                attempt.cpu_mark = (now, cpu)
+
+    def _record_action(self, attempt: Attempt, verifier: ReplayVerifier, event: Event) -> None:
+        """What the daemon did to recover, for the incident's Action section."""
+        record = self.record
+        restored = verifier.plan.restored_step
+        delay = verifier.incident.details.get("backoff_s", 0.0)
+        generation = event.get("generation")
+        verifier.incident.action = {
+            "attempt": attempt.number,
+            "pid": attempt.running.pid,
+            "writer_generation": generation,
+            "text": (
+                f"Started attempt {attempt.number} (pid {attempt.running.pid}, writer "
+                f"generation {generation}) as the single writer of checkpoint "
+                f"'{record.checkpoint}', with faults off, resuming from step "
+                f"{event['step'] if restored is None else restored} after a {delay:.2f} s "
+                f"backoff (restart {record.restarts} of at most "
+                f"{record.job.supervision.max_restarts})."
+            ),
+        }
+
+    def _replay(self, attempt: Attempt, check: Callable[[], Verdict]) -> None:
+        """Run one step of the replay proof and act on a verdict it reaches."""
+        verifier, record, s = attempt.verifier, self.record, self.services
+        if verifier is None:
+            return
+        before, lost_before = verifier.verdict, verifier.time_lost_s
+        verdict = check()
+        if verifier.time_lost_s is not None and lost_before is None:
+            record.time_lost_s += verifier.time_lost_s
+            s.table.save(record)
+            s.incidents.write(verifier.incident, "incident.goodput")
+        if verdict is before:
+            return
+        if verdict is Verdict.MISMATCH:
+            # Stop at once: SIGKILL, so the different experiment commits nothing more.
+            if attempt.stopping(StopReason.MISMATCH):
+                attempt.running.kill()
+            log.error("replay.mismatch", job=record.id, step=verifier.mismatch_step)
+            return
+        record.replayed_updates += verifier.plan.replayed_updates
+        s.incidents.conclude(
+            verifier.incident,
+            verdict.value,
+            f"Recovered: attempt {attempt.number} continues the same experiment from "
+            f"step {verifier.plan.restored_step}; the job runs on.",
+            f"incident.{verdict.value}",
+        )
+        if record.state is S.RECOVERING:
+            s.table.transition(record, S.RUNNING, f"recovery {verdict}", verdict=verdict.value)
+
+    # ---- stalls, limits and stops
+
+    def _on_stall(self, attempt: Attempt, phase: StallPhase, gap: float) -> None:
+        if not attempt.stopping(StopReason.STALL):
+            return
+        self.services.stats.stalls_detected += 1
+        self.services.spawn(self._handle_stall(attempt, phase, gap))
+
+    async def _handle_stall(self, attempt: Attempt, phase: StallPhase, gap: float) -> None:
+        sup, record = self.record.job.supervision, self.record
+        startup = phase is StallPhase.STARTUP
+        timeout = sup.startup_timeout_s if startup else sup.stall_timeout_s
+        attempt.stall_evidence = await diagnosis.stall_evidence(attempt, phase, gap, timeout)
+        evidence = attempt.stall_evidence
+        if record.state in (S.RUNNING, S.STARTING, S.RECOVERING):
+            self.services.table.transition(
+                record,
+                S.STALLED,
+                f"no {'ready' if startup else 'progress'} for {gap:.2f} s (timeout {timeout:g} s)",
+                gap_s=round(gap, 4),
+            )
+        log.warning(
+            "attempt.stalled",
+            job=record.id,
+            attempt=attempt.number,
+            phase=phase.value,
+            gap_s=gap,
+            status=evidence["psutil_status"],
+            cpu=evidence["cpu_during_gap"],
+        )
+        await attempt.running.stop(diagnosis.STALL_KILL_GRACE_S)
+
+    def sample(self) -> None:
+        """Sample the live attempt's resources; stop it when over its memory limit."""
+        attempt = self.attempt
+        if attempt is None:
+            return
+        sample = attempt.running.sample()
+        self.record.sample = sample
+        limit = self.record.job.supervision.max_rss_mb
+        if policy.over_memory_limit(sample.get("rss_mb"), limit) and attempt.stopping(
+            StopReason.RSS
+        ):
+            log.warning(
+                "attempt.rss_limit", job=self.record.id, rss_mb=sample["rss_mb"], limit_mb=limit
+            )
+            grace = self.record.job.supervision.stop_grace_s
+            self.services.spawn(attempt.running.stop(grace))
+
+    def stop(self) -> dict[str, Any] | None:
+        """An operator's stop: the worker commits and exits; None when nothing runs."""
+        record, attempt = self.record, self.attempt
+        if attempt is not None:
+            attempt.stopping(StopReason.OPERATOR)
+            grace = record.job.supervision.stop_grace_s
+            self.services.spawn(attempt.running.stop(grace))
+            return {
+                "job": record.id,
+                "stopping": True,
+                "pid": attempt.running.pid,
+                "grace_s": grace,
+            }
+        if self._relaunch is not None:
+            self._relaunch.cancel()
+            self._relaunch = None
+            self.apply(policy.Preempted("stopped by operator during restart backoff"))
+            return {"job": record.id, "stopping": False, "state": record.state.value}
+        return None
+
+    async def shutdown(self) -> None:
+        """The daemon stops: preempt the live attempt (it commits), keep a pending restart
+        for the next start, and return once the attempt's end is handled."""
+        self.closing = True
+        if self._relaunch is not None:
+            self._relaunch.cancel()
+            self._relaunch = None
+        attempt = self.attempt
+        if attempt is not None:
+            attempt.stopping(StopReason.SHUTDOWN)
+            await attempt.running.stop(self.record.job.supervision.stop_grace_s)
+        if self._following is not None:
+            await asyncio.shield(self._following)
+
+    # ---- ends
+
+    def _ended(self, attempt: Attempt, info: ExitInfo) -> None:
+        record = self.record
+        attempt.stall.cancel()
+        self.attempt = None
+        record.pid = None
+        exit_record = {
+            "exit_status": info.status,
+            "signal": info.signal,
+            "duration_s": info.duration_s,
+            "stopped_by": attempt.stop_reason,
+            "ended": time.time(),
+        }
+        (attempt.folder / "exit.json").write_text(json.dumps(exit_record, indent=2) + "\n")
+        log.info(
+            "attempt.exited",
+            job=record.id,
+            attempt=attempt.number,
+            status=info.status,
+            signal=info.signal,
+            stopped_by=attempt.stop_reason,
+        )
+        self.apply(policy.decide(record, attempt.report(), info), attempt, info)
+
+    def apply(
+        self, outcome: Outcome, attempt: Attempt | None = None, info: ExitInfo | None = None
+    ) -> None:
+        """Carry out ``outcome``: incidents, the transition, and any restart."""
+        s, record = self.services, self.record
+        exit_status = {"exit_status": info.status} if info is not None else {}
+        match outcome:
+            case policy.Completed(reason):
+                verifier = attempt.verifier if attempt is not None else None
+                if attempt is not None and verifier is not None:
+                    self._replay(attempt, verifier.settle)
+                    if verifier.verdict in (Verdict.VERIFIED, Verdict.UNVERIFIED):
+                        verifier.incident.outcome += (
+                            f" The job then completed at step {record.step}."
+                        )
+                        s.incidents.write(verifier.incident, "incident.job_completed")
+                s.table.transition(record, S.COMPLETED, reason, step=record.step)
+            case policy.Preempted(reason, resume_on_start):
+                record.resume_on_start = resume_on_start
+                s.table.transition(record, S.PREEMPTED, reason, **exit_status)
+            case policy.Escalate(reason, K.REPLAY_MISMATCH) if attempt and attempt.verifier:
+                incident = attempt.verifier.incident
+                s.incidents.conclude(
+                    incident,
+                    "escalated",
+                    "Escalated: the worker was stopped at once (SIGKILL, so it commits "
+                    "nothing more), every file is kept, and no restart follows. A person "
+                    "must compare the saved key, momentum, step and the data, config and "
+                    "source hashes (wardenctl inspect) before deciding.",
+                    "incident.escalated",
+                )
+                s.table.transition(record, S.ESCALATED, reason, incident=incident.id)
+            case policy.Escalate() | policy.Fail() | policy.Restart() if attempt and info:
+                self._failed(outcome, attempt, info)
+                return
+            case _:
+                raise UnappliableOutcome(record.id, outcome)
+        s.on_settled(self)
+
+    def _failed(
+        self,
+        outcome: policy.Escalate | policy.Fail | policy.Restart,
+        attempt: Attempt,
+        info: ExitInfo,
+    ) -> None:
+        s, record, kind = self.services, self.record, outcome.kind
+        incident = self._open_incident(attempt, kind, diagnosis.symptom(attempt, info, kind))
+        recovering = attempt.incident
+        if recovering is not None:
+            s.incidents.conclude(
+                recovering,
+                "failed",
+                f"The recovery attempt {attempt.number} failed before its replay "
+                f"was verified; see incident {incident.id}.",
+                "incident.recovery_failed",
+            )
+        if isinstance(outcome, policy.Escalate):
+            s.incidents.conclude(
+                incident,
+                "escalated",
+                f"Escalated: {diagnosis.escalation_reason(attempt, kind)} No fallback, no "
+                "relaxed checks, no restart; a person decides, then `wardenctl resume`.",
+                "incident.escalated",
+            )
+            s.table.transition(record, S.ESCALATED, outcome.reason, incident=incident.id)
+        elif isinstance(outcome, policy.Fail):
+            s.incidents.conclude(
+                incident,
+                "failed",
+                f"Failed: {record.restarts} restart(s) used, max_restarts is "
+                f"{record.job.supervision.max_restarts}; no further attempt.",
+                "incident.failed",
+            )
+            s.table.transition(record, S.FAILED, outcome.reason, incident=incident.id)
+        else:
+            record.restarts += 1
+            incident.details["backoff_s"] = outcome.delay_s
+            s.incidents.write(incident, "incident.opened")
+            s.table.transition(record, S.RECOVERING, outcome.reason, incident=incident.id)
+            plan = ReplayPlan.from_events(attempt.number, attempt.folder / "events.jsonl")
+            self._restart_later(ReplayVerifier(plan, incident), outcome.delay_s)
+            return
+        s.on_settled(self)
+
+    def _restart_later(self, verifier: ReplayVerifier, delay_s: float) -> None:
+        if self.closing:
+            return  # the job stays recovering; the next daemon start resumes it
+
+        def launch() -> None:
+            self._relaunch = None
+            self.services.spawn(self.launch(verifier))
+
+        self._relaunch = asyncio.get_running_loop().call_later(delay_s, launch)
+
+    def _settle_as(self, state: JobState, reason: str) -> None:
+        self.services.table.transition(self.record, state, reason)
+        self.services.on_settled(self)
+
+    # ---- incidents
+
+    def _register(self, incident: Incident) -> None:
+        self.record.incidents.append(incident.id)
+        self.services.stats.incident_kinds[incident.kind] += 1
+
+    def _open_incident(self, attempt: Attempt, kind: IncidentKind, symptom: str) -> Incident:
+        s, record = self.services, self.record
+        incident = diagnosis.failure_incident(
+            attempt,
+            kind,
+            symptom,
+            len(record.incidents) + 1,
+            s.root.checkpoints / record.checkpoint,
+        )
+        self._register(incident)
+        s.incidents.write(incident, "incident.detected")
+        log.warning("incident.detected", job=record.id, incident=incident.id, kind=kind.value)
+        return incident
+
+    def _refuse_duplicate(self, refusal: policy.Escalate, owner: JobRecord) -> None:
+        s, record = self.services, self.record
+        incident = diagnosis.duplicate_writer_incident(
+            record, owner, len(record.incidents) + 1, s.root
+        )
+        self._register(incident)
+        s.incidents.write(incident, "incident.duplicate_writer_prevented")
+        log.warning(
+            "incident.duplicate_writer_prevented",
+            job=record.id,
+            owner=owner.id,
+            checkpoint=record.checkpoint,
+        )
+        s.table.transition(record, S.ESCALATED, refusal.reason, incident=incident.id)
+        s.on_settled(self)
