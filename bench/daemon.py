@@ -68,6 +68,9 @@ from typing import Any
 
 import numpy as np
 
+from jobwarden.states import SETTLED
+from jobwarden.worker.command import worker_argv
+
 RESULTS = Path(__file__).resolve().parent / "results" / "daemon.json"
 POLL_S = 0.01
 DROP_SPACING_S = 0.02
@@ -76,7 +79,7 @@ SETTLE_S = 1.5  # before each intake round: let events the watcher still holds d
 RESCAN_INTERVAL_S = 1.0
 DEFAULT_BACKOFF_S = 0.5
 ALIVE_EVENTS = ("ready", "progress", "checkpoint")
-TERMINAL = ("completed", "failed", "escalated", "cancelled")
+SETTLED_STATES = tuple(sorted(state.value for state in SETTLED))
 HOLD_JOB = {
     "faults": {"stall_at": 0, "stall_seconds": 600},
     "supervision": {"stall_timeout_s": 600, "startup_timeout_s": 600, "stop_grace_s": 1},
@@ -500,7 +503,7 @@ def bench_crash(base: Path, cache: Path, n: int) -> list[Measure]:
             exited_at = wait_exit(started["pid"], 180)
             exited = daemon.wait_for(daemon.log, is_event("attempt.exited", job=job_id))
             incident = daemon.wait_for(daemon.incidents, is_event("incident.detected", job=job_id))
-            daemon.wait_for(daemon.log, transition_to(job_id, *TERMINAL))
+            daemon.wait_for(daemon.log, transition_to(job_id, *SETTLED_STATES))
             written = stamp(incident)
             last_progress = last_time(daemon.events(job_id, 1), ("progress",))
             noticed_written.append(written - stamp(exited))
@@ -545,7 +548,7 @@ def bench_stall(base: Path, cache: Path, n: int) -> list[Measure]:
             incident = daemon.wait_for(
                 daemon.incidents, is_event("incident.detected", job=job_id), 180
             )
-            daemon.wait_for(daemon.log, transition_to(job_id, *TERMINAL))
+            daemon.wait_for(daemon.log, transition_to(job_id, *SETTLED_STATES))
             details = incident["details"]
             overshoot.append(details["overshoot_s"])
             gaps.append(details["gap_s"])
@@ -582,7 +585,7 @@ def recovery_sample(daemon: Wardend, job_id: str, empty_cache: bool) -> Record:
         clear_folder(daemon.cache)
         cleared_at = time.time()
     started = daemon.wait_for(daemon.log, is_event("attempt.started", job=job_id, attempt=2))
-    done = daemon.wait_for(daemon.log, transition_to(job_id, *TERMINAL), 180)
+    done = daemon.wait_for(daemon.log, transition_to(job_id, *SETTLED_STATES), 180)
     exited = daemon.wait_for(daemon.log, is_event("attempt.exited", job=job_id, attempt=1))
     opened = daemon.wait_for(daemon.incidents, is_event("incident.opened", job=job_id))
     goodput = daemon.wait_for(daemon.incidents, is_event("incident.goodput", job=job_id), 5)
@@ -674,17 +677,7 @@ def worker_sample(base: Path, name: str, cache: Path) -> Record:
     folder.mkdir(parents=True)
     job_file = folder / "job.toml"
     job_file.write_text(job_text(name))
-    argv = [
-        sys.executable,
-        "-m",
-        "jobwarden.worker",
-        "--job",
-        str(job_file),
-        "--checkpoint-dir",
-        str(folder / "checkpoints"),
-        "--compile-cache",
-        str(cache),
-    ]
+    argv = worker_argv(job_file, folder / "checkpoints", cache)
     env = {
         k: v
         for k, v in os.environ.items()

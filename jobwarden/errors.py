@@ -83,14 +83,37 @@ class WorkerInternalError(JobwardenError):
     exit_status = 70
 
 
+class ExitStatusConflict(JobwardenError):
+    """Raised by `exit_status_table` when two error classes give one code two exit statuses."""
+
+    code = "errors.exit_status_conflict"
+    exit_status = 70
+
+    def __init__(self, code: str, classes: list[str], statuses: list[int]) -> None:
+        super().__init__(
+            f"error code {code} has two exit statuses: "
+            + ", ".join(f"{name} {status}" for name, status in zip(classes, statuses, strict=True)),
+            error_code=code,
+            classes=classes,
+            statuses=statuses,
+        )
+
+
 def exit_status_table() -> dict[str, int]:
     """Every error code and its exit status, for documentation and tests."""
     table: dict[str, int] = {}
+    owner: dict[str, type[JobwardenError]] = {}
     stack: list[type[JobwardenError]] = [JobwardenError]
     while stack:
         cls = stack.pop()
         stack.extend(cls.__subclasses__())
         if cls.code in table and table[cls.code] != cls.exit_status:
-            raise AssertionError(f"code {cls.code} has two exit statuses")
+            first = owner[cls.code]
+            raise ExitStatusConflict(
+                cls.code,
+                [first.__qualname__, cls.__qualname__],
+                [first.exit_status, cls.exit_status],
+            )
         table[cls.code] = cls.exit_status
+        owner.setdefault(cls.code, cls)
     return table

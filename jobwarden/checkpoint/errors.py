@@ -14,7 +14,10 @@ from jobwarden.errors import JobwardenError
 
 
 class CheckpointError(JobwardenError):
-    """Raised when a checkpoint file is refused; ``path`` names the file."""
+    """Raised when a checkpoint file is refused; ``path`` names the file.
+
+    ``detail`` is the message without the path, for listings that show the file already.
+    """
 
     code = "checkpoint.error"
     exit_status = 19
@@ -22,6 +25,7 @@ class CheckpointError(JobwardenError):
     def __init__(self, path: str, message: str, **evidence: Any) -> None:
         super().__init__(f"{path}: {message}", path=path, **evidence)
         self.path = path
+        self.detail = message
 
 
 class CorruptCheckpoint(CheckpointError):

@@ -25,7 +25,7 @@ from jobwarden.checkpoint.errors import (
     StepOutOfRange,
     TreeMismatch,
 )
-from jobwarden.checkpoint.format import Checkpoint, LeafSpec
+from jobwarden.checkpoint.format import Checkpoint, LeafSpec, Manifest
 
 
 @dataclass(frozen=True)
@@ -69,16 +69,9 @@ def differing(saved: Mapping[str, Any], requested: Mapping[str, Any]) -> dict[st
     }
 
 
-def validate(checkpoint: Checkpoint, expected: Expected, step_from_name: int) -> tuple[str, ...]:
-    """Raise the first `IncompatibleCheckpoint` that applies; return the checks passed."""
-    path = str(checkpoint.path)
-    manifest = checkpoint.manifest
-    prov = manifest.provenance
-    if prov.source_hash != expected.source_hash:
-        raise SourceMismatch(path, "source_hash", prov.source_hash, expected.source_hash)
-    fields = differing(
-        {"task": manifest.task, **manifest.train}, {"task": expected.task, **expected.train}
-    )
+def check_config(path: str, manifest: Manifest, task: str, train: Mapping[str, Any]) -> None:
+    """Raise `ConfigMismatch` naming the task and every training field that differs."""
+    fields = differing({"task": manifest.task, **manifest.train}, {"task": task, **train})
     if fields:
         listing = ", ".join(f"{k} (saved {v[0]!r}, requested {v[1]!r})" for k, v in fields.items())
         raise ConfigMismatch(
@@ -89,6 +82,54 @@ def validate(checkpoint: Checkpoint, expected: Expected, step_from_name: int) ->
             message=f"training config differs: {listing}",
             fields=fields,
         )
+
+
+def check_generation(path: str, written_by: int, generation: int) -> None:
+    """Raise `GenerationFenced` when ``written_by`` is newer than the directory's ``generation``."""
+    if written_by > generation:
+        raise GenerationFenced(
+            path,
+            "writer_generation",
+            written_by,
+            generation,
+            message=(
+                f"written by writer generation {written_by}, newer "
+                f"than the directory's {generation}"
+            ),
+        )
+
+
+def check_step(path: str, step: int, max_step: int, step_from_name: int | None = None) -> None:
+    """Raise `StepOutOfRange` when ``step`` disagrees with its file name or is outside 0..max_step.
+
+    ``step_from_name`` is None for a file whose name carries no step.
+    """
+    if step_from_name is not None and step != step_from_name:
+        raise StepOutOfRange(
+            path,
+            "step",
+            step,
+            step_from_name,
+            message=f"manifest step {step} disagrees with the file name's step {step_from_name}",
+        )
+    if not 0 <= step <= max_step:
+        raise StepOutOfRange(
+            path,
+            "step",
+            step,
+            max_step,
+            message=f"saved step {step} is outside 0..{max_step} (the requested steps)",
+        )
+
+
+def validate(checkpoint: Checkpoint, expected: Expected, step_from_name: int) -> tuple[str, ...]:
+    """Raise the first `IncompatibleCheckpoint` that applies; return the checks passed."""
+    path = str(checkpoint.path)
+    manifest = checkpoint.manifest
+    prov = manifest.provenance
+    if prov.source_hash != expected.source_hash:
+        raise SourceMismatch(path, "source_hash", prov.source_hash, expected.source_hash)
+    check_config(path, manifest, expected.task, expected.train)
     if prov.config_hash != expected.config_hash:
         raise ConfigMismatch(path, "config_hash", prov.config_hash, expected.config_hash)
     if prov.data_hash != expected.data_hash:
@@ -104,17 +145,7 @@ def validate(checkpoint: Checkpoint, expected: Expected, step_from_name: int) ->
             message=f"runtime differs: {listing}",
             fields=runtime,
         )
-    if prov.writer_generation > expected.generation:
-        raise GenerationFenced(
-            path,
-            "writer_generation",
-            prov.writer_generation,
-            expected.generation,
-            message=(
-                f"written by writer generation {prov.writer_generation}, newer "
-                f"than the directory's {expected.generation}"
-            ),
-        )
+    check_generation(path, prov.writer_generation, expected.generation)
     saved_paths = [leaf.path for leaf in manifest.leaves]
     wanted_paths = [leaf.path for leaf in expected.leaves]
     if saved_paths != wanted_paths:
@@ -150,28 +181,7 @@ def validate(checkpoint: Checkpoint, expected: Expected, step_from_name: int) ->
                 message=f"{saved.path} dtype differs: saved {saved.dtype}, "
                 f"requested {wanted.dtype}",
             )
-    if manifest.step != step_from_name:
-        raise StepOutOfRange(
-            path,
-            "step",
-            manifest.step,
-            step_from_name,
-            message=(
-                f"manifest step {manifest.step} disagrees with the file name's step "
-                f"{step_from_name}"
-            ),
-        )
-    if not 0 <= manifest.step <= expected.max_step:
-        raise StepOutOfRange(
-            path,
-            "step",
-            manifest.step,
-            expected.max_step,
-            message=(
-                f"saved step {manifest.step} is outside 0..{expected.max_step} "
-                "(the requested steps)"
-            ),
-        )
+    check_step(path, manifest.step, expected.max_step, step_from_name)
     for leaf_path, array in checkpoint.leaves():
         if np.issubdtype(array.dtype, np.inexact) or array.dtype.name == "bfloat16":
             finite = np.isfinite(

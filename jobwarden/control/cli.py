@@ -12,6 +12,7 @@ Exit statuses follow supervisorctl's LSB convention where one applies:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -20,12 +21,18 @@ from typing import Any
 
 from jobwarden import __version__
 from jobwarden.control.protocol import ControlError
+from jobwarden.states import NEEDS_ATTENTION, SETTLED, JobState
 
 EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_ATTENTION = 3
 EXIT_NO_SUCH = 4
+
+# `status` exits EXIT_ATTENTION when a job is in one of these.
+ATTENTION_STATES = frozenset(state.value for state in NEEDS_ATTENTION)
+# `tail -f` stops once a job rests here: settled, or preempted until someone resumes it.
+RESTING_STATES = frozenset(state.value for state in SETTLED | {JobState.PREEMPTED})
 
 
 def _print(data: Any, as_json: bool, text: Callable[[Any], str]) -> None:
@@ -133,7 +140,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_NO_SUCH if error.code == "control.no_such_job" else EXIT_REFUSED
     _print(data, args.json, render_job if args.job else render_status)
     states = [data["state"]] if args.job else [r["state"] for r in data["jobs"]]
-    return EXIT_ATTENTION if any(s in ("failed", "escalated") for s in states) else EXIT_OK
+    return EXIT_ATTENTION if ATTENTION_STATES.intersection(states) else EXIT_OK
 
 
 def render_incidents(data: list[dict[str, Any]]) -> str:
@@ -233,10 +240,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
             sys.stdout.write((json.dumps(event) if args.json else render_event(event)) + "\n")
         sys.stdout.flush()
         cursor = data["cursor"]
-        if not args.follow or (
-            not data["events"]
-            and data["state"] in ("completed", "escalated", "failed", "cancelled", "preempted")
-        ):
+        if not args.follow or (not data["events"] and data["state"] in RESTING_STATES):
             return EXIT_OK
         if not data["events"]:
             time.sleep(0.2)
@@ -278,13 +282,11 @@ def cmd_drill(args: argparse.Namespace) -> int:
     """Rehearse failures through a daemon; exit 0 only if every check of every drill held."""
     from jobwarden.control import drill
 
-    params = drill.DrillParams(
-        seed=args.seed,
-        steps=args.steps,
-        checkpoint_every=args.checkpoint_every,
-        fail_after=args.fail_after,
-        stall_at=args.stall_at,
-        task=args.task,
+    # The options not given are absent from ``args`` (SUPPRESS): DrillParams' defaults hold.
+    given = vars(args)
+    params = dataclasses.replace(
+        drill.DrillParams(),
+        **{f.name: given[f.name] for f in dataclasses.fields(drill.DrillParams) if f.name in given},
     )
     names = list(drill.DRILLS) if args.drill == "all" else [args.drill]
     root = Path(args.root) if args.root else None
@@ -367,12 +369,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     drill.add_argument("--out", default="drill-evidence", help="evidence folder")
     drill.add_argument("--json", action="store_true")
-    drill.add_argument("--seed", type=int, default=3)
-    drill.add_argument("--steps", type=int, default=8)
-    drill.add_argument("--checkpoint-every", type=int, default=2)
-    drill.add_argument("--fail-after", type=int, default=3)
-    drill.add_argument("--stall-at", type=int, default=5)
-    drill.add_argument("--task", default="linreg")
+    # No defaults here: cmd_drill starts from DrillParams() and applies only the options
+    # given, since importing the drills to read their defaults would slow every command.
+    for option, kind, text in (
+        ("--seed", int, "the training seed of every drill job"),
+        ("--steps", int, "training steps of every drill job"),
+        ("--checkpoint-every", int, "steps between checkpoints"),
+        ("--fail-after", int, "the update after which the crash drill fails"),
+        ("--stall-at", int, "completed updates before the stall drill hangs"),
+        ("--task", str, "the task every drill job trains"),
+    ):
+        drill.add_argument(option, type=kind, default=argparse.SUPPRESS, help=text)
     drill.set_defaults(func=cmd_drill)
 
     submit = command("submit", help="hand a job file to the daemon's spool")

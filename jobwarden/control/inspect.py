@@ -10,12 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from jobwarden import files
 from jobwarden.checkpoint import format
 from jobwarden.checkpoint.errors import CheckpointError
-from jobwarden.checkpoint.lock import read_generation
-from jobwarden.checkpoint.validate import differing
-from jobwarden.jobfile import Job
 
 VALUES_LIMIT = 4096
 
@@ -116,65 +112,3 @@ def render(record: dict[str, Any]) -> str:
         lines.append("values:")
         lines += [f"  {path} = {value}" for path, value in record["values"].items()]
     return "\n".join(lines)
-
-
-def directory_verdicts(directory: Path, job: Job) -> list[dict[str, Any]]:
-    """Every checkpoint file of a directory (committed, pending, quarantined) with its verdict.
-
-    The container (readable, length, checksum) is fully checked; of the
-    provenance, what can be told without starting JAX (task, training fields,
-    step range, writer generation).  The data, source and runtime identity are
-    checked by the worker when it restores.
-    """
-    if not directory.is_dir():
-        return []
-    generation = read_generation(directory)
-    train = job.train_fields()
-    paths = [
-        p
-        for p in sorted(directory.iterdir())
-        if p.is_file() and (p.name.endswith((".safetensors", files.PENDING_SUFFIX)))
-    ]
-    quarantine = directory / "quarantine"
-    if quarantine.is_dir():
-        paths += [p for p in sorted(quarantine.iterdir()) if not p.name.endswith(".json")]
-    rows = []
-    for path in paths:
-        row = describe(path)
-        place = (
-            "quarantined"
-            if path.parent == quarantine
-            else "pending"
-            if path.name.endswith(files.PENDING_SUFFIX)
-            else "committed"
-        )
-        row = {
-            k: row.get(k)
-            for k in ("file", "verdict", "step", "bytes", "state_hash", "created", "train", "task")
-        } | {
-            "where": place,
-            "writer_generation": (row.get("provenance") or {}).get("writer_generation"),
-        }
-        verdict = row["verdict"]
-        if verdict["ok"]:
-            problems = []
-            fields = differing(
-                {"task": row["task"], **(row["train"] or {})}, {"task": job.task, **train}
-            )
-            if fields:
-                problems.append(f"checkpoint.config: {sorted(fields)} differ")
-            if row["step"] is not None and row["step"] > job.run.steps:
-                problems.append(f"checkpoint.step_range: step {row['step']} > {job.run.steps}")
-            if (row["writer_generation"] or 0) > generation:
-                problems.append(f"checkpoint.generation: {row['writer_generation']} > {generation}")
-            if place != "committed":
-                problems.append(f"{place}: never selected")
-            verdict = {
-                "ok": not problems,
-                "message": "; ".join(problems)
-                or "accepted as far as can be told "
-                "without JAX (data, source and runtime are checked on restore)",
-            }
-        row["verdict"] = verdict
-        rows.append(row)
-    return rows

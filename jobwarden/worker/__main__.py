@@ -13,10 +13,12 @@ import os
 import sys
 from pathlib import Path
 
+from jobwarden import testfaults
 from jobwarden.checkpoint.lock import WriterLock
 from jobwarden.errors import JobwardenError
 from jobwarden.events import Emitter
 from jobwarden.jobfile import load_job
+from jobwarden.testfaults import Fault
 from jobwarden.worker.runtime import pin_environment
 
 CACHE_ENV = "JOBWARDEN_COMPILE_CACHE"
@@ -49,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         lock = WriterLock(directory).acquire()
     except JobwardenError as error:
         return emitter.failed(error)
-    if os.environ.get("JOBWARDEN_TEST_FAULT") == "garbage_on_stdout":
-        # Test-only: lines a supervisor must keep as evidence without crashing on them.
+    if testfaults.active(Fault.GARBAGE_ON_STDOUT):
+        # Lines a supervisor must keep as evidence without crashing on them.
         sys.stdout.write("this is not an event\n" + "x" * (2 << 20) + "\n")
         sys.stdout.write('{"v": 1, "event": "progress", "step": "three"}\n')
         sys.stdout.flush()

@@ -2,8 +2,9 @@
 
 The attempt holds its checkpoint directory's writer lock for its whole life.
 SIGTERM is preemption: the update in flight finishes, the current step is
-committed, ``preempted`` is emitted and the process exits with status 75.  A
-broken stdout means the supervisor is gone and is treated the same way.
+committed, ``preempted`` is emitted and the process exits with
+`PreemptedExit.exit_status` (75).  A broken stdout means the supervisor is gone
+and is treated the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from jobwarden import state as state_tree
+from jobwarden import testfaults
 from jobwarden.checkpoint.format import Manifest, Provenance, leaf_specs
 from jobwarden.checkpoint.lock import WriterLock
 from jobwarden.checkpoint.store import CheckpointStore
@@ -38,13 +40,11 @@ from jobwarden.events import Emitter, SupervisorGone
 from jobwarden.hashing import config_hash, files_digest, leaves_digest, state_hash
 from jobwarden.jobfile import Job
 from jobwarden.tasks.base import State
+from jobwarden.testfaults import Fault
 from jobwarden.worker.faults import FaultPlan
 from jobwarden.worker.runtime import SUPERVISOR_ENV, enable_compilation_cache, runtime_identity
 
 PR_SET_PDEATHSIG = 1
-# A deliberately broken recovery, for tests that prove a drill fails when a restore is
-# wrong (it is a weights-only restore). Never set it outside the test suite.
-TEST_FAULT_ENV = "JOBWARDEN_TEST_FAULT"
 
 
 class Preemption:
@@ -75,8 +75,11 @@ class Preemption:
 
 
 @dataclass
-class Attempt:
-    """The running attempt's fixed context."""
+class TrainingRun:
+    """The worker's fixed context for its step loop: job, store, emitter, expectations, faults.
+
+    The daemon keeps its own record of each attempt; this is only the worker's side of one.
+    """
 
     job: Job
     store: CheckpointStore
@@ -194,7 +197,7 @@ def _run(
     template = task.init_state(data)
     expected = expected_for(job, data, template, lock.generation)
     store = CheckpointStore(directory)
-    attempt = Attempt(job, store, emitter, expected, FaultPlan(job.faults, emitter))
+    training = TrainingRun(job, store, emitter, expected, FaultPlan(job.faults, emitter))
 
     policy = job.run.resume
     if policy == "never" and store.committed():
@@ -215,7 +218,7 @@ def _run(
         restored = selection.checkpoint
         state = state_tree.unflatten_like(template, restored.arrays)
         step = restored.manifest.step
-        if os.environ.get(TEST_FAULT_ENV) == "zero_opt_state_on_restore":
+        if testfaults.active(Fault.ZERO_OPT_STATE_ON_RESTORE):
             state = {
                 **state,
                 "opt_state": jax.tree_util.tree_map(jnp.zeros_like, state["opt_state"]),
@@ -252,10 +255,10 @@ def _run(
         while step < steps:
             if preemption.requested:
                 if step > 0 and committed_step != step:
-                    attempt.commit(step, state)
+                    training.commit(step, state)
                 emitter.emit("preempted", step=step, reason=preemption.reason)
                 return PreemptedExit.exit_status
-            attempt.faults.before_update(step)
+            training.faults.before_update(step)
             began = time.perf_counter()
             state, loss = update(state)
             jax.block_until_ready((state, loss))  # type: ignore[no-untyped-call]
@@ -274,12 +277,12 @@ def _run(
                 **fields,
             )
             if step % every == 0 or step == steps:
-                attempt.commit(step, state)
+                training.commit(step, state)
                 committed_step = step
-            attempt.faults.after_update(step)
+            training.faults.after_update(step)
     except SupervisorGone:
         if step > 0 and committed_step != step:
-            attempt.commit(step, state, report=False)
+            training.commit(step, state, report=False)
         sys.stderr.write(f"jobwarden worker: stdout is gone; committed step {step} and exiting\n")
         return PreemptedExit.exit_status
 

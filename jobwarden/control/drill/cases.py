@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,9 @@ from jobwarden.control.drill.context import (
     final_file,
     job_text,
 )
+from jobwarden.errors import WriterLockedError
 from jobwarden.events import Event
+from jobwarden.worker.command import worker_argv
 
 Outcome = tuple[list[Check], dict[str, Any]]
 STALL_TIMEOUT_S = 2.0
@@ -216,19 +217,11 @@ def duplicate_writer(drill: Drill) -> Outcome:
     _wait_for_event(drill, primary, "stall_injected")
     before = _snapshot(ck)
     drill.handle.submit(f"{second}.toml", job_text(params, second, primary))
-    second_status = drill.handle.wait(second, ("escalated", "completed", "failed"), timeout=30)
+    second_status = drill.handle.wait(second, timeout=30)
     hand_file = drill.out / "hand-started-job.toml"
     hand_file.write_text(job_text(params, primary, primary))
     hand = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jobwarden.worker",
-            "--job",
-            str(hand_file),
-            "--checkpoint-dir",
-            str(ck),
-        ],
+        worker_argv(hand_file, ck),
         capture_output=True,
         text=True,
         timeout=120,
@@ -272,8 +265,8 @@ def duplicate_writer(drill: Drill) -> Outcome:
         ),
         Check(
             "a worker started by hand on that directory exits with the lock error",
-            hand.returncode == 11
-            and hand_failure.get("code") == "writer.locked"
+            hand.returncode == WriterLockedError.exit_status
+            and hand_failure.get("code") == WriterLockedError.code
             and hand_failure.get("holder_pid") == primary_pid,
             {
                 "exit_status": hand.returncode,

@@ -18,8 +18,10 @@ from jobwarden.checkpoint.errors import CheckpointError
 from jobwarden.control import client, verify
 from jobwarden.control.protocol import ControlError
 from jobwarden.events import Event, read_events
+from jobwarden.states import SETTLED
 
-TERMINAL = ("completed", "escalated", "failed", "cancelled")
+# The states a drill waits for: the daemon will do nothing more for the job on its own.
+SETTLED_STATES = tuple(sorted(state.value for state in SETTLED))
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class DaemonHandle:
         os.rename(tmp, self.root / "spool" / "incoming" / name)
 
     def wait(
-        self, job: str, states: tuple[str, ...] = TERMINAL, timeout: float = 300
+        self, job: str, states: tuple[str, ...] = SETTLED_STATES, timeout: float = 300
     ) -> dict[str, Any]:
         """Poll until the job reaches one of ``states``; returns its status."""
         deadline = time.monotonic() + timeout
