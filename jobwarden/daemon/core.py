@@ -253,8 +253,7 @@ class Wardend:
 
     def _resume_from_disk(self) -> None:
         for record in self.table.load():
-            for incident in self.incidents.load(record.id):
-                self.stats.incident_kinds[incident["kind"]] += 1
+            self.incidents.recount(record.id)
             if record.state is S.QUEUED:
                 self.queue.append(record.id)
             elif record.state in ACTIVE or (record.state is S.PREEMPTED and record.resume_on_start):

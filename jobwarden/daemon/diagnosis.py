@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from jobwarden.checkpoint.store import CheckpointStore
 from jobwarden.daemon.attempt import Attempt
 from jobwarden.daemon.incidents import Incident
@@ -21,8 +23,11 @@ from jobwarden.daemon.layout import Root
 from jobwarden.daemon.policy import IncidentKind
 from jobwarden.daemon.recovery import ReplayPlan
 from jobwarden.daemon.stall import StallPhase
+from jobwarden.daemon.verification import ReplayVerifier
+from jobwarden.events import Event
 from jobwarden.states import JobState
 
+log = structlog.get_logger("wardend.diagnosis")
 K = IncidentKind
 STALL_KILL_GRACE_S = 1.0
 STACK_DUMP_WAIT_S = 0.3
@@ -37,6 +42,67 @@ def escalation_reason(attempt: Attempt, kind: IncidentKind) -> str:
         K.CORRUPT_CHECKPOINT: f"no usable checkpoint is left ({message}).",
         K.DUPLICATE_WRITER: f"another process writes this checkpoint directory ({message}).",
     }.get(kind, f"{message}.")
+
+
+MISMATCH_OUTCOME = (
+    "Escalated: the worker was stopped at once (SIGKILL, so it commits nothing more), "
+    "every file is kept, and no restart follows. A person must compare the saved key, "
+    "momentum, step and the data, config and source hashes (wardenctl inspect) before "
+    "deciding."
+)
+
+
+def escalated_text(attempt: Attempt, kind: IncidentKind) -> str:
+    """The outcome of an escalated failure."""
+    return (
+        f"Escalated: {escalation_reason(attempt, kind)} No fallback, no relaxed checks, "
+        "no restart; a person decides, then `wardenctl resume`."
+    )
+
+
+def failed_text(record: JobRecord) -> str:
+    """The outcome of a failure with the restart budget spent."""
+    return (
+        f"Failed: {record.restarts} restart(s) used, max_restarts is "
+        f"{record.job.supervision.max_restarts}; no further attempt."
+    )
+
+
+def recovered_text(attempt: int, restored_step: int | None) -> str:
+    """The outcome of a recovery whose replay was settled without a mismatch."""
+    return (
+        f"Recovered: attempt {attempt} continues the same experiment from step "
+        f"{restored_step}; the job runs on."
+    )
+
+
+def recovery_failed_text(attempt: int, next_incident: str) -> str:
+    """The outcome of a recovery whose attempt failed before its replay was settled."""
+    return (
+        f"The recovery attempt {attempt} failed before its replay was verified; see "
+        f"incident {next_incident}."
+    )
+
+
+def recovery_action(attempt: Attempt, verifier: ReplayVerifier, ready: Event) -> dict[str, Any]:
+    """What the daemon did to recover, for the incident's Action section."""
+    record = attempt.record
+    restored = verifier.plan.restored_step
+    delay = verifier.incident.details.get("backoff_s", 0.0)
+    generation = ready.get("generation")
+    pid = attempt.running.pid
+    return {
+        "attempt": attempt.number,
+        "pid": pid,
+        "writer_generation": generation,
+        "text": (
+            f"Started attempt {attempt.number} (pid {pid}, writer generation {generation}) "
+            f"as the single writer of checkpoint '{record.checkpoint}', with faults off, "
+            f"resuming from step {ready['step'] if restored is None else restored} after a "
+            f"{delay:.2f} s backoff (restart {record.restarts} of at most "
+            f"{record.job.supervision.max_restarts})."
+        ),
+    }
 
 
 def symptom(attempt: Attempt, info: ExitInfo, kind: IncidentKind) -> str:
@@ -263,6 +329,15 @@ async def stall_evidence(
         dump = stream.read(64 * 1024).decode(errors="replace")
     dump_path = attempt.folder / "stack-dump.txt"
     dump_path.write_text(dump)
+    log.warning(
+        "attempt.stalled",
+        job=attempt.record.id,
+        attempt=attempt.number,
+        phase=phase.value,
+        gap_s=gap,
+        status=sample.get("status"),
+        cpu=cpu_gap,
+    )
     return {
         "phase": phase,
         "timeout_s": timeout,

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import structlog
 
 from jobwarden.daemon.layout import Root
+from jobwarden.daemon.policy import IncidentKind
+
+if TYPE_CHECKING:
+    from jobwarden.daemon.jobs import JobRecord
 from jobwarden.files import write_text_atomic
 
 
@@ -27,7 +32,7 @@ class Incident:
 
     id: str
     job: str
-    kind: str
+    kind: IncidentKind
     opened: float
     attempt: int
     symptom: str
@@ -169,6 +174,7 @@ class IncidentLog:
 
     def __init__(self, root: Root) -> None:
         self.root = root
+        self.kinds: Counter[str] = Counter()
         self._files: dict[Path, TextIO] = {}
 
     def _logger(self, path: Path) -> Any:
@@ -202,6 +208,12 @@ class IncidentLog:
         )
         write_text_atomic(folder / f"{incident.id}.md", render_runbook(incident))
 
+    def open(self, record: JobRecord, incident: Incident, event: str) -> None:
+        """Register a new incident with its job and count its kind, then write it."""
+        record.incidents.append(incident.id)
+        self.kinds[incident.kind] += 1
+        self.write(incident, event)
+
     def conclude(self, incident: Incident, status: str, outcome: str, event: str) -> None:
         """Give the incident its final status and outcome, stamp it closed, and write it."""
         incident.status, incident.outcome, incident.closed = status, outcome, time.time()
@@ -218,6 +230,10 @@ class IncidentLog:
             return []
         records = [json.loads(p.read_text()) for p in folder.glob("*.json")]
         return sorted(records, key=lambda r: r["opened"])
+
+    def recount(self, job_id: str) -> None:
+        """Count the kinds of a job's incidents kept from before the daemon's start."""
+        self.kinds.update(incident["kind"] for incident in self.load(job_id))
 
     def close(self) -> None:
         """Close the open record files."""

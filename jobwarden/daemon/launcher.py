@@ -67,6 +67,10 @@ class ExitInfo:
         name = signal.Signals(-status).name if status < 0 else None
         return cls(status, name, duration_s)
 
+    def as_record(self) -> dict[str, Any]:
+        """The fields of exit.json that the launcher knows."""
+        return {"exit_status": self.status, "signal": self.signal, "duration_s": self.duration_s}
+
 
 class RunningAttempt(abc.ABC):
     """An attempt a launcher started; the supervisor's only handle on it."""
@@ -194,10 +198,11 @@ def load(name: str) -> Launcher:
                 launcher=name,
             )
         factory = found[name].load()
-    launcher = factory()
-    if not isinstance(launcher, Launcher):
-        raise LauncherError(f"launcher {name!r} is not a Launcher", launcher=name)
-    return launcher
+    if isinstance(factory, Launcher):
+        return factory
+    if not (isinstance(factory, type) and issubclass(factory, Launcher)):
+        raise LauncherError(f"launcher {name!r} is not a Launcher: {factory!r}", launcher=name)
+    return factory()
 
 
 def suppress_gone() -> contextlib.suppress:

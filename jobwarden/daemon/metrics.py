@@ -42,7 +42,7 @@ class WardendCollector:
         incidents = CounterMetricFamily(
             "jobwarden_incidents", "Incidents by kind.", labels=["kind"]
         )
-        for kind, count in sorted(daemon.stats.incident_kinds.items()):
+        for kind, count in sorted(daemon.incidents.kinds.items()):
             incidents.add_metric([kind], count)
         yield incidents
         yield CounterMetricFamily(

@@ -148,6 +148,17 @@ class Escalate:
 Outcome = Completed | Preempted | Restart | Fail | Escalate
 
 
+class UnappliableOutcome(JobwardenError):
+    """Raised when an outcome arrives without the attempt it needs (a failure with no
+    attempt, say): a defect in the caller, never a job's fault."""
+
+    code = "daemon.unappliable_outcome"
+
+    def __init__(self, job: str, outcome: Outcome) -> None:
+        message = f"job {job}: cannot apply {outcome!r} here"
+        super().__init__(message, job=job, outcome=repr(outcome))
+
+
 def classify(report: AttemptReport, status: int) -> IncidentKind:
     """The kind of failure of an attempt that ended without completing."""
     if report.stopped_by is StopReason.MISMATCH:

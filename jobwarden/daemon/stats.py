@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -17,4 +16,3 @@ class Stats:
     checkpoints: int = 0
     checkpoint_bytes: int = 0
     checkpoint_seconds: float = 0.0
-    incident_kinds: Counter[str] = field(default_factory=Counter)

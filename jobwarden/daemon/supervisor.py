@@ -21,21 +21,18 @@ from typing import Any
 import structlog
 
 from jobwarden.daemon import diagnosis, policy
-from jobwarden.daemon.attempt import Attempt
-from jobwarden.daemon.incidents import Incident, IncidentLog
+from jobwarden.daemon.attempt import Attempt, prepare
+from jobwarden.daemon.incidents import IncidentLog
 from jobwarden.daemon.jobs import JobRecord, JobTable
-from jobwarden.daemon.launcher import ExitInfo, Launcher, LauncherError, LaunchSpec
+from jobwarden.daemon.launcher import ExitInfo, Launcher, LauncherError
 from jobwarden.daemon.layout import Root
 from jobwarden.daemon.policy import IncidentKind, Outcome, StopReason
 from jobwarden.daemon.recovery import ReplayPlan, Verdict
 from jobwarden.daemon.stall import Clock, StallPhase, StallWatch
 from jobwarden.daemon.stats import Stats
 from jobwarden.daemon.verification import ReplayVerifier
-from jobwarden.errors import JobwardenError
 from jobwarden.events import Event, Malformed
-from jobwarden.files import write_text_atomic
 from jobwarden.states import JobState
-from jobwarden.worker.command import worker_argv
 
 log = structlog.get_logger("wardend.supervisor")
 
@@ -58,18 +55,6 @@ class Services:
     spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
     owner_of: Callable[[JobRecord], JobRecord | None]
     on_settled: Callable[[JobSupervisor], None]
-
-
-class UnappliableOutcome(JobwardenError):
-    """Raised when an outcome arrives without the attempt it needs (a failure with no
-    attempt, say): a defect in the caller, never a job's fault."""
-
-    code = "daemon.unappliable_outcome"
-
-    def __init__(self, job: str, outcome: Outcome) -> None:
-        super().__init__(
-            f"job {job}: cannot apply {outcome!r} here", job=job, outcome=repr(outcome)
-        )
 
 
 class JobSupervisor:
@@ -97,13 +82,7 @@ class JobSupervisor:
             return
         record.attempt += 1
         number = record.attempt
-        folder = s.root.job(record.id) / "attempts" / str(number)
-        folder.mkdir(parents=True, exist_ok=True)
-        job = record.job if number == 1 else record.job.without_faults()
-        job_file = folder / "job.json"
-        write_text_atomic(job_file, json.dumps(job.to_record(), indent=2) + "\n")
-        argv = worker_argv(job_file, s.root.checkpoints / record.checkpoint, s.compile_cache)
-        spec = LaunchSpec(record.id, number, folder, argv, dict(s.environment))
+        spec = prepare(s.root, record, s.compile_cache, s.environment)
         if record.state is S.QUEUED:
             s.table.transition(record, S.STARTING, f"attempt {number} launched")
         try:
@@ -145,8 +124,7 @@ class JobSupervisor:
         incident = diagnosis.restart_incident(
             record, plan, folder, previous, len(record.incidents) + 1
         )
-        self._register(incident)
-        s.incidents.write(incident, "incident.detected")
+        s.incidents.open(record, incident, "incident.detected")
         record.resume_on_start = False
         s.table.transition(record, S.RECOVERING, "daemon restarted", incident=incident.id)
         await self.launch(ReplayVerifier(plan, incident))
@@ -170,66 +148,28 @@ class JobSupervisor:
         )
 
     def _on_event(self, attempt: Attempt, event: Event) -> None:
-        record, sup, stats = self.record, self.record.job.supervision, self.services.stats
-        attempt.last_event = {k: v for k, v in event.fields.items() if k != "components"}
+        record, s = self.record, self.services
+        attempt.observe(event, record.job.supervision.stall_timeout_s)
         verifier, kind = attempt.verifier, event.kind
-        if kind == "restored":
+        if kind in ("restored", "checkpoint"):
             record.newest_checkpoint_step = event["step"]
-            if verifier is not None:
-                verifier.restored(event)
-                self.services.incidents.write(verifier.incident, "incident.recovery_point")
+        if kind == "restored" and verifier is not None:
+            verifier.restored(event)
+            s.incidents.write(verifier.incident, "incident.recovery_point")
         elif kind == "ready":
-            attempt.stall.alive(sup.stall_timeout_s)
             if record.state is S.STARTING:
-                self.services.table.transition(record, S.RUNNING, f"attempt {attempt.number} ready")
+                s.table.transition(record, S.RUNNING, f"attempt {attempt.number} ready")
             if verifier is not None:
-                self._record_action(attempt, verifier, event)
+                verifier.incident.action = diagnosis.recovery_action(attempt, verifier, event)
                 self._replay(attempt, lambda: verifier.ready(event))
         elif kind == "progress":
-            attempt.stall.alive(sup.stall_timeout_s)
             record.step, record.last_progress = event["step"], time.time()
-            attempt.last_progress = attempt.last_event
-            self._mark_cpu(attempt)
             if verifier is not None:
                 self._replay(attempt, lambda: verifier.progress(event))
         elif kind == "checkpoint":
-            attempt.stall.alive(sup.stall_timeout_s)
-            attempt.checkpoint = (event["step"], event["file"])
-            record.newest_checkpoint_step = event["step"]
-            stats.checkpoints += 1
-            stats.checkpoint_bytes += event["bytes"]
-            stats.checkpoint_seconds += event["seconds"]
-        elif kind == "completed":
-            attempt.completed = True
-        elif kind == "failed":
-            attempt.failure = event
-
-    def _mark_cpu(self, attempt: Attempt) -> None:
-        now = time.monotonic()
-        if attempt.cpu_mark is None or now - attempt.cpu_mark[0] > 0.5:
-            cpu = attempt.running.sample().get("cpu_s")
-            if cpu is not None:
-                attempt.cpu_mark = (now, cpu)
-
-    def _record_action(self, attempt: Attempt, verifier: ReplayVerifier, event: Event) -> None:
-        """What the daemon did to recover, for the incident's Action section."""
-        record = self.record
-        restored = verifier.plan.restored_step
-        delay = verifier.incident.details.get("backoff_s", 0.0)
-        generation = event.get("generation")
-        verifier.incident.action = {
-            "attempt": attempt.number,
-            "pid": attempt.running.pid,
-            "writer_generation": generation,
-            "text": (
-                f"Started attempt {attempt.number} (pid {attempt.running.pid}, writer "
-                f"generation {generation}) as the single writer of checkpoint "
-                f"'{record.checkpoint}', with faults off, resuming from step "
-                f"{event['step'] if restored is None else restored} after a {delay:.2f} s "
-                f"backoff (restart {record.restarts} of at most "
-                f"{record.job.supervision.max_restarts})."
-            ),
-        }
+            s.stats.checkpoints += 1
+            s.stats.checkpoint_bytes += event["bytes"]
+            s.stats.checkpoint_seconds += event["seconds"]
 
     def _replay(self, attempt: Attempt, check: Callable[[], Verdict]) -> None:
         """Run one step of the replay proof and act on a verdict it reaches."""
@@ -254,8 +194,7 @@ class JobSupervisor:
         s.incidents.conclude(
             verifier.incident,
             verdict.value,
-            f"Recovered: attempt {attempt.number} continues the same experiment from "
-            f"step {verifier.plan.restored_step}; the job runs on.",
+            diagnosis.recovered_text(attempt.number, verifier.plan.restored_step),
             f"incident.{verdict.value}",
         )
         if record.state is S.RECOVERING:
@@ -274,7 +213,6 @@ class JobSupervisor:
         startup = phase is StallPhase.STARTUP
         timeout = sup.startup_timeout_s if startup else sup.stall_timeout_s
         attempt.stall_evidence = await diagnosis.stall_evidence(attempt, phase, gap, timeout)
-        evidence = attempt.stall_evidence
         if record.state in (S.RUNNING, S.STARTING, S.RECOVERING):
             self.services.table.transition(
                 record,
@@ -282,15 +220,6 @@ class JobSupervisor:
                 f"no {'ready' if startup else 'progress'} for {gap:.2f} s (timeout {timeout:g} s)",
                 gap_s=round(gap, 4),
             )
-        log.warning(
-            "attempt.stalled",
-            job=record.id,
-            attempt=attempt.number,
-            phase=phase.value,
-            gap_s=gap,
-            status=evidence["psutil_status"],
-            cpu=evidence["cpu_during_gap"],
-        )
         await attempt.running.stop(diagnosis.STALL_KILL_GRACE_S)
 
     def sample(self) -> None:
@@ -351,13 +280,7 @@ class JobSupervisor:
         attempt.stall.cancel()
         self.attempt = None
         record.pid = None
-        exit_record = {
-            "exit_status": info.status,
-            "signal": info.signal,
-            "duration_s": info.duration_s,
-            "stopped_by": attempt.stop_reason,
-            "ended": time.time(),
-        }
+        exit_record = {**info.as_record(), "stopped_by": attempt.stop_reason, "ended": time.time()}
         (attempt.folder / "exit.json").write_text(json.dumps(exit_record, indent=2) + "\n")
         log.info(
             "attempt.exited",
@@ -392,20 +315,14 @@ class JobSupervisor:
             case policy.Escalate(reason, K.REPLAY_MISMATCH) if attempt and attempt.verifier:
                 incident = attempt.verifier.incident
                 s.incidents.conclude(
-                    incident,
-                    "escalated",
-                    "Escalated: the worker was stopped at once (SIGKILL, so it commits "
-                    "nothing more), every file is kept, and no restart follows. A person "
-                    "must compare the saved key, momentum, step and the data, config and "
-                    "source hashes (wardenctl inspect) before deciding.",
-                    "incident.escalated",
+                    incident, "escalated", diagnosis.MISMATCH_OUTCOME, "incident.escalated"
                 )
                 s.table.transition(record, S.ESCALATED, reason, incident=incident.id)
             case policy.Escalate() | policy.Fail() | policy.Restart() if attempt and info:
                 self._failed(outcome, attempt, info)
                 return
             case _:
-                raise UnappliableOutcome(record.id, outcome)
+                raise policy.UnappliableOutcome(record.id, outcome)
         s.on_settled(self)
 
     def _failed(
@@ -415,35 +332,24 @@ class JobSupervisor:
         info: ExitInfo,
     ) -> None:
         s, record, kind = self.services, self.record, outcome.kind
-        incident = self._open_incident(attempt, kind, diagnosis.symptom(attempt, info, kind))
+        incident = diagnosis.failure_incident(
+            attempt,
+            kind,
+            diagnosis.symptom(attempt, info, kind),
+            len(record.incidents) + 1,
+            s.root.checkpoints / record.checkpoint,
+        )
+        s.incidents.open(record, incident, "incident.detected")
+        log.warning("incident.detected", job=record.id, incident=incident.id, kind=kind.value)
         recovering = attempt.incident
         if recovering is not None:
             s.incidents.conclude(
                 recovering,
                 "failed",
-                f"The recovery attempt {attempt.number} failed before its replay "
-                f"was verified; see incident {incident.id}.",
+                diagnosis.recovery_failed_text(attempt.number, incident.id),
                 "incident.recovery_failed",
             )
-        if isinstance(outcome, policy.Escalate):
-            s.incidents.conclude(
-                incident,
-                "escalated",
-                f"Escalated: {diagnosis.escalation_reason(attempt, kind)} No fallback, no "
-                "relaxed checks, no restart; a person decides, then `wardenctl resume`.",
-                "incident.escalated",
-            )
-            s.table.transition(record, S.ESCALATED, outcome.reason, incident=incident.id)
-        elif isinstance(outcome, policy.Fail):
-            s.incidents.conclude(
-                incident,
-                "failed",
-                f"Failed: {record.restarts} restart(s) used, max_restarts is "
-                f"{record.job.supervision.max_restarts}; no further attempt.",
-                "incident.failed",
-            )
-            s.table.transition(record, S.FAILED, outcome.reason, incident=incident.id)
-        else:
+        if isinstance(outcome, policy.Restart):
             record.restarts += 1
             incident.details["backoff_s"] = outcome.delay_s
             s.incidents.write(incident, "incident.opened")
@@ -451,6 +357,13 @@ class JobSupervisor:
             plan = ReplayPlan.from_events(attempt.number, attempt.folder / "events.jsonl")
             self._restart_later(ReplayVerifier(plan, incident), outcome.delay_s)
             return
+        escalate = isinstance(outcome, policy.Escalate)
+        status, state = ("escalated", S.ESCALATED) if escalate else ("failed", S.FAILED)
+        text = (
+            diagnosis.escalated_text(attempt, kind) if escalate else diagnosis.failed_text(record)
+        )
+        s.incidents.conclude(incident, status, text, f"incident.{status}")
+        s.table.transition(record, state, outcome.reason, incident=incident.id)
         s.on_settled(self)
 
     def _restart_later(self, verifier: ReplayVerifier, delay_s: float) -> None:
@@ -467,33 +380,12 @@ class JobSupervisor:
         self.services.table.transition(self.record, state, reason)
         self.services.on_settled(self)
 
-    # ---- incidents
-
-    def _register(self, incident: Incident) -> None:
-        self.record.incidents.append(incident.id)
-        self.services.stats.incident_kinds[incident.kind] += 1
-
-    def _open_incident(self, attempt: Attempt, kind: IncidentKind, symptom: str) -> Incident:
-        s, record = self.services, self.record
-        incident = diagnosis.failure_incident(
-            attempt,
-            kind,
-            symptom,
-            len(record.incidents) + 1,
-            s.root.checkpoints / record.checkpoint,
-        )
-        self._register(incident)
-        s.incidents.write(incident, "incident.detected")
-        log.warning("incident.detected", job=record.id, incident=incident.id, kind=kind.value)
-        return incident
-
     def _refuse_duplicate(self, refusal: policy.Escalate, owner: JobRecord) -> None:
         s, record = self.services, self.record
         incident = diagnosis.duplicate_writer_incident(
             record, owner, len(record.incidents) + 1, s.root
         )
-        self._register(incident)
-        s.incidents.write(incident, "incident.duplicate_writer_prevented")
+        s.incidents.open(record, incident, "incident.duplicate_writer_prevented")
         log.warning(
             "incident.duplicate_writer_prevented",
             job=record.id,
