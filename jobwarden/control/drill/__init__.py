@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from jobwarden.control.drill.cases import DRILLS
-from jobwarden.control.drill.context import Drill, DrillParams, DrillResult, daemon_for
+from jobwarden.control.drill.context import Drill, DrillParams, daemon_for
+from jobwarden.control.drill.verdict import DrillResult
 
 __all__ = ["DRILLS", "DrillParams", "DrillResult", "render", "run_drills"]
 

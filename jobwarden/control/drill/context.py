@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,46 +34,6 @@ class DrillParams:
     fail_after: int = 3
     stall_at: int = 5
     task: str = "linreg"
-
-
-@dataclass
-class Check:
-    """One check of a drill, with what was observed."""
-
-    name: str
-    ok: bool
-    observed: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class DrillResult:
-    """A drill's checks, a summary for the operator, and where its evidence is."""
-
-    drill: str
-    checks: list[Check]
-    out: Path
-    summary: dict[str, Any]
-
-    @property
-    def ok(self) -> bool:
-        """True only when every check held."""
-        return bool(self.checks) and all(c.ok for c in self.checks)
-
-    @property
-    def failed(self) -> list[str]:
-        """The names of the checks that did not hold."""
-        return [c.name for c in self.checks if not c.ok]
-
-    def as_record(self) -> dict[str, Any]:
-        """verdict.json's content."""
-        return {
-            "drill": self.drill,
-            "verdict": "pass" if self.ok else "FAIL",
-            "ok": self.ok,
-            "failed_checks": self.failed,
-            **self.summary,
-            "checks": [{"name": c.name, "ok": c.ok, **c.observed} for c in self.checks],
-        }
 
 
 class DaemonHandle:
@@ -232,6 +192,10 @@ class Drill:
             book = self.handle.ask("runbook", incident=incident["id"])
             (self.out / f"runbook-{incident['id']}.md").write_text(book["text"])
         return incidents
+
+    def runbook(self, incident: dict[str, Any]) -> str | None:
+        """Where `keep_incidents` kept the incident's runbook; None for no incident."""
+        return str(self.out / f"runbook-{incident['id']}.md") if incident.get("id") else None
 
     def timeline(self, *jobs: str) -> None:
         """The failure timeline: the milestones of every attempt of ``jobs``."""

@@ -1,0 +1,174 @@
+"""The commands the daemon answers over its control socket: status, submit, stop, tail...
+
+``--root`` or ``$JOBWARDEN_ROOT`` selects the daemon, ``--socket`` names its socket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from jobwarden import __version__
+from jobwarden.control.commands.output import (
+    EXIT_ATTENTION,
+    EXIT_NO_SUCH,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    emit,
+)
+from jobwarden.control.protocol import ControlError
+from jobwarden.control.tables import (
+    render_checkpoints,
+    render_event,
+    render_incidents,
+    render_job,
+    render_status,
+)
+from jobwarden.states import NEEDS_ATTENTION, SETTLED, JobState
+
+# `status` exits EXIT_ATTENTION when a job is in one of these.
+ATTENTION_STATES = frozenset(state.value for state in NEEDS_ATTENTION)
+# `tail -f` stops once a job rests here: settled, or preempted until someone resumes it.
+RESTING_STATES = frozenset(state.value for state in SETTLED | {JobState.PREEMPTED})
+
+
+def ask(args: argparse.Namespace, cmd: str, **fields: Any) -> Any:
+    """One request to the daemon the command line selects; its answer's data."""
+    from jobwarden.control import client
+
+    return client.request(client.socket_for(args.root, args.socket), cmd, **fields)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """One row per job, or one job in detail."""
+
+    try:
+        data = ask(args, "status", job=args.job)
+    except ControlError as error:
+        sys.stderr.write(f"wardenctl: {error.message}\n")
+        return EXIT_NO_SUCH if error.code == "control.no_such_job" else EXIT_REFUSED
+    emit(data, args.json, render_job if args.job else render_status)
+    states = [data["state"]] if args.job else [r["state"] for r in data["jobs"]]
+    return EXIT_ATTENTION if ATTENTION_STATES.intersection(states) else EXIT_OK
+
+
+def cmd_incidents(args: argparse.Namespace) -> int:
+    """Every incident, or one job's."""
+    emit(ask(args, "incidents", job=args.job), args.json, render_incidents)
+    return EXIT_OK
+
+
+def cmd_runbook(args: argparse.Namespace) -> int:
+    """Print an incident's rendered runbook."""
+    data = ask(args, "runbook", incident=args.incident)
+    emit(data, args.json, lambda d: d["text"].rstrip() + f"\n\n(runbook file: {d['path']})")
+    return EXIT_OK
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Validate FILE here, hand it to the daemon's spool, and print the job id."""
+    from jobwarden.errors import JobFileError
+    from jobwarden.jobfile import load_job
+
+    source = Path(args.file)
+    try:
+        load_job(source)
+    except JobFileError as error:
+        sys.stderr.write(f"wardenctl submit: {source} is invalid, not submitted:\n")
+        sys.stderr.write("".join(f"  {problem}\n" for problem in error.problems))
+        return EXIT_USAGE
+    suffix = ".json" if source.suffix == ".json" else ".toml"
+    result = ask(args, "submit", name=source.stem + suffix, content=source.read_text())
+    if result["accepted"]:
+        emit(result, args.json, lambda d: d["job"])
+        return EXIT_OK
+    emit(
+        result,
+        args.json,
+        lambda d: "rejected: " + "; ".join(d["problems"]) + f" (kept at {d['kept_at']})",
+    )
+    return EXIT_REFUSED
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """Preempt a job: its worker commits its current step and exits."""
+    emit(
+        ask(args, "stop", job=args.job),
+        args.json,
+        lambda d: (
+            f"{d['job']}: stopping (pid {d['pid']})"
+            if d["stopping"]
+            else f"{d['job']}: {d['state']}"
+        ),
+    )
+    return EXIT_OK
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """Queue a preempted, failed or escalated job again."""
+    emit(ask(args, "resume", job=args.job), args.json, lambda d: f"{d['job']}: {d['state']}")
+    return EXIT_OK
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    """Print a job's events; -f follows them until the job ends."""
+    cursor: dict[str, Any] = {"attempt": 1, "offset": 0}
+    while True:
+        data = ask(args, "events", job=args.job, **cursor)
+        for event in data["events"]:
+            sys.stdout.write((json.dumps(event) if args.json else render_event(event)) + "\n")
+        sys.stdout.flush()
+        cursor = data["cursor"]
+        if not args.follow or (not data["events"] and data["state"] in RESTING_STATES):
+            return EXIT_OK
+        if not data["events"]:
+            time.sleep(0.2)
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    """Every checkpoint file of a job with its validation verdict."""
+    emit(ask(args, "checkpoints", job=args.job), args.json, render_checkpoints)
+    return EXIT_OK
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    """Prometheus text exposition."""
+    data = ask(args, "metrics")
+    emit(data, args.json, lambda d: d["text"].rstrip())
+    return EXIT_OK
+
+
+def cmd_shutdown(args: argparse.Namespace) -> int:
+    """Ask the daemon to preempt its workers and exit."""
+    emit(ask(args, "shutdown"), args.json, lambda d: f"wardend stopping; preempting {d['live']}")
+    return EXIT_OK
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    """Print the client's version, and the daemon's when one answers."""
+    from jobwarden.control.client import DaemonUnreachable
+
+    data: dict[str, Any] = {"wardenctl": __version__}
+    try:
+        data["wardend"] = ask(args, "version")
+    except DaemonUnreachable as error:
+        data["wardend"] = None
+        data["note"] = error.message
+    emit(
+        data,
+        args.json,
+        lambda d: (
+            f"wardenctl {d['wardenctl']}\n"
+            + (
+                f"wardend {d['wardend']['wardend']} (pid {d['wardend']['pid']})"
+                if d["wardend"]
+                else d["note"]
+            )
+        ),
+    )
+    return EXIT_OK

@@ -1,0 +1,42 @@
+"""``wardenctl drill``: run the named drills and report their verdicts."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from jobwarden.control.commands.output import EXIT_OK, EXIT_REFUSED, emit
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    """Rehearse failures through a daemon; exit 0 only if every check of every drill held."""
+    # Imported here: the drills import numpy (through the checkpoint format), which no
+    # other command should pay for at start-up.
+    from jobwarden.control import drill
+
+    # The options not given are absent from ``args`` (SUPPRESS): DrillParams' defaults hold.
+    given = vars(args)
+    params = dataclasses.replace(
+        drill.DrillParams(),
+        **{f.name: given[f.name] for f in dataclasses.fields(drill.DrillParams) if f.name in given},
+    )
+    names = list(drill.DRILLS) if args.drill == "all" else [args.drill]
+    root = Path(args.root) if args.root else None
+    results = drill.run_drills(names, root, Path(args.out), params)
+    if args.json:
+        records = [r.as_record() for r in results]
+        emit(
+            records[0]
+            if len(records) == 1
+            else {"ok": all(r.ok for r in results), "drills": records},
+            True,
+            str,
+        )
+    else:
+        sys.stdout.write("\n\n".join(drill.render(r) for r in results) + "\n")
+        if len(results) > 1:
+            passed = sum(r.ok for r in results)
+            sys.stdout.write(f"\n{passed}/{len(results)} drills passed\n")
+    return EXIT_OK if all(r.ok for r in results) else EXIT_REFUSED
