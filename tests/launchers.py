@@ -45,7 +45,7 @@ class BashAttempt(RunningAttempt):
     async def follow(self, on_event: OnEvent, on_malformed: OnMalformed) -> ExitInfo:
         """Pump stdout, then reap."""
         if self.proc.stdout is not None:
-            await pump(self.proc.stdout, self.spec.folder / "events.jsonl", on_event, on_malformed)
+            await pump(self.proc.stdout, self.events, on_event, on_malformed)
         status = await self.proc.wait()
         return self._ended(ExitInfo.from_status(status, time.monotonic() - self.started))
 

@@ -23,6 +23,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from jobwarden.daemon.evidence import EvidenceFile
 from jobwarden.errors import JobwardenError
 from jobwarden.events import Event, Malformed, parse_line
 
@@ -79,6 +80,7 @@ class RunningAttempt(abc.ABC):
         self.spec = spec
         self.ended = asyncio.Event()
         self.exit_info: ExitInfo | None = None
+        self.events = EvidenceFile(spec.folder / "events.jsonl")
 
     @property
     @abc.abstractmethod
@@ -89,8 +91,9 @@ class RunningAttempt(abc.ABC):
     async def follow(self, on_event: OnEvent, on_malformed: OnMalformed) -> ExitInfo:
         """Dispatch every event line until the attempt ends, then return how it ended.
 
-        Implementations keep every byte of the event stream in
-        ``folder/events.jsonl`` and set `exit_info` and `ended` before returning.
+        Implementations keep every byte of the event stream in `events`
+        (``folder/events.jsonl``), set `exit_info` and `ended` before returning,
+        and never raise for anything the attempt wrote or the disk refused.
         """
 
     @abc.abstractmethod
@@ -140,13 +143,13 @@ class Launcher(abc.ABC):
 
 
 async def pump(
-    stream: asyncio.StreamReader, events_path: Path, on_event: OnEvent, on_malformed: OnMalformed
+    stream: asyncio.StreamReader, events: EvidenceFile, on_event: OnEvent, on_malformed: OnMalformed
 ) -> None:
-    """Record every byte of ``stream`` verbatim in ``events_path`` and dispatch each line,
-    until EOF.
+    """Record every byte of ``stream`` verbatim in ``events`` and dispatch each line, until EOF.
 
     Lines longer than `LINE_LIMIT` are kept in the file but reported as
-    malformed once and not parsed; nothing the worker writes can crash this.
+    malformed once and not parsed; nothing the worker writes can crash this,
+    and a disk that refuses the bytes only costs the evidence (`EvidenceFile`).
     """
     buffer = bytearray()
     lineno, skipping = 0, False
@@ -158,7 +161,7 @@ async def pump(
         else:
             on_malformed(parsed)
 
-    with events_path.open("ab", buffering=0) as events:
+    try:
         while chunk := await stream.read(1 << 16):
             events.write(chunk)
             buffer += chunk
@@ -180,6 +183,8 @@ async def pump(
         if buffer.strip() and not skipping:
             lineno += 1
             dispatch(bytes(buffer))
+    finally:
+        events.close()
 
 
 def load(name: str) -> Launcher:

@@ -62,8 +62,12 @@ class LocalAttempt(RunningAttempt):
 
     async def follow(self, on_event: OnEvent, on_malformed: OnMalformed) -> ExitInfo:
         """Pump stdout until EOF, then reap the worker."""
-        if self.proc.stdout is not None:
-            await pump(self.proc.stdout, self.spec.folder / "events.jsonl", on_event, on_malformed)
+        try:
+            if self.proc.stdout is not None:
+                await pump(self.proc.stdout, self.events, on_event, on_malformed)
+        except Exception as error:  # noqa: BLE001 - an attempt we cannot follow is ended, not lost
+            log.error("attempt.unfollowable", job=self.spec.job_id, error=repr(error))
+            self.kill()
         status = await self.proc.wait()
         return self._ended(ExitInfo.from_status(status, time.monotonic() - self.started_mono))
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from jobwarden.daemon import diagnosis, policy
+from jobwarden.daemon import diagnosis, evidence, outcomes, policy
 from jobwarden.daemon.attempt import Attempt, prepare
 from jobwarden.daemon.incidents import IncidentLog
 from jobwarden.daemon.jobs import JobRecord, JobTable
@@ -131,9 +131,27 @@ class JobSupervisor:
 
     async def _follow(self, attempt: Attempt) -> None:
         info = await attempt.running.follow(
-            lambda e: self._on_event(attempt, e), lambda m: self._on_malformed(attempt, m)
+            lambda e: self._guarded(self._on_event, attempt, e),
+            lambda m: self._guarded(self._on_malformed, attempt, m),
         )
-        self._ended(attempt, info)
+        self._guarded(self._ended, attempt, info)
+
+    def _guarded(
+        self, handler: Callable[[Attempt, Any], None], attempt: Attempt, item: Any
+    ) -> None:
+        """Run one handler; a failure (a full disk under a record, say) is logged, never
+        allowed to end the following of the attempt."""
+        try:
+            handler(attempt, item)
+        except Exception as error:
+            log.error(
+                "supervisor.handler_failed",
+                job=self.record.id,
+                attempt=attempt.number,
+                handler=handler.__name__,
+                error=repr(error),
+                exc_info=error,
+            )
 
     # ---- events
 
@@ -212,15 +230,18 @@ class JobSupervisor:
         sup, record = self.record.job.supervision, self.record
         startup = phase is StallPhase.STARTUP
         timeout = sup.startup_timeout_s if startup else sup.stall_timeout_s
-        attempt.stall_evidence = await diagnosis.stall_evidence(attempt, phase, gap, timeout)
-        if record.state in (S.RUNNING, S.STARTING, S.RECOVERING):
-            self.services.table.transition(
-                record,
-                S.STALLED,
-                f"no {'ready' if startup else 'progress'} for {gap:.2f} s (timeout {timeout:g} s)",
-                gap_s=round(gap, 4),
-            )
-        await attempt.running.stop(diagnosis.STALL_KILL_GRACE_S)
+        try:
+            attempt.stall_evidence = await diagnosis.stall_evidence(attempt, phase, gap, timeout)
+            if record.state in (S.RUNNING, S.STARTING, S.RECOVERING):
+                self.services.table.transition(
+                    record,
+                    S.STALLED,
+                    f"no {'ready' if startup else 'progress'} for {gap:.2f} s "
+                    f"(timeout {timeout:g} s)",
+                    gap_s=round(gap, 4),
+                )
+        finally:
+            await attempt.running.stop(diagnosis.STALL_KILL_GRACE_S)
 
     def sample(self) -> None:
         """Sample the live attempt's resources; stop it when over its memory limit."""
@@ -281,7 +302,7 @@ class JobSupervisor:
         self.attempt = None
         record.pid = None
         exit_record = {**info.as_record(), "stopped_by": attempt.stop_reason, "ended": time.time()}
-        (attempt.folder / "exit.json").write_text(json.dumps(exit_record, indent=2) + "\n")
+        evidence.keep(attempt.folder / "exit.json", json.dumps(exit_record, indent=2) + "\n")
         log.info(
             "attempt.exited",
             job=record.id,
@@ -297,73 +318,24 @@ class JobSupervisor:
     ) -> None:
         """Carry out ``outcome``: incidents, the transition, and any restart."""
         s, record = self.services, self.record
-        exit_status = {"exit_status": info.status} if info is not None else {}
         match outcome:
-            case policy.Completed(reason):
-                verifier = attempt.verifier if attempt is not None else None
-                if attempt is not None and verifier is not None:
-                    self._replay(attempt, verifier.settle)
-                    if verifier.verdict in (Verdict.VERIFIED, Verdict.UNVERIFIED):
-                        verifier.incident.outcome += (
-                            f" The job then completed at step {record.step}."
-                        )
-                        s.incidents.write(verifier.incident, "incident.job_completed")
-                s.table.transition(record, S.COMPLETED, reason, step=record.step)
-            case policy.Preempted(reason, resume_on_start):
-                record.resume_on_start = resume_on_start
-                s.table.transition(record, S.PREEMPTED, reason, **exit_status)
-            case policy.Escalate(reason, K.REPLAY_MISMATCH) if attempt and attempt.verifier:
-                incident = attempt.verifier.incident
-                s.incidents.conclude(
-                    incident, "escalated", diagnosis.MISMATCH_OUTCOME, "incident.escalated"
-                )
-                s.table.transition(record, S.ESCALATED, reason, incident=incident.id)
-            case policy.Escalate() | policy.Fail() | policy.Restart() if attempt and info:
-                self._failed(outcome, attempt, info)
+            case policy.Completed():
+                if attempt is not None and attempt.verifier is not None:
+                    self._replay(attempt, attempt.verifier.settle)
+                outcomes.complete(s, record, outcome, attempt)
+            case policy.Preempted():
+                outcomes.preempt(s, record, outcome, info)
+            case policy.Escalate(kind=K.REPLAY_MISMATCH) if attempt and attempt.verifier:
+                outcomes.escalate_mismatch(s, record, outcome, attempt.verifier.incident)
+            case policy.Restart() if attempt and info:
+                incident = outcomes.failure(s, record, outcome, attempt, info)
+                plan = ReplayPlan.from_events(attempt.number, attempt.folder / "events.jsonl")
+                self._restart_later(ReplayVerifier(plan, incident), outcome.delay_s)
                 return
+            case policy.Escalate() | policy.Fail() if attempt and info:
+                outcomes.failure(s, record, outcome, attempt, info)
             case _:
                 raise policy.UnappliableOutcome(record.id, outcome)
-        s.on_settled(self)
-
-    def _failed(
-        self,
-        outcome: policy.Escalate | policy.Fail | policy.Restart,
-        attempt: Attempt,
-        info: ExitInfo,
-    ) -> None:
-        s, record, kind = self.services, self.record, outcome.kind
-        incident = diagnosis.failure_incident(
-            attempt,
-            kind,
-            diagnosis.symptom(attempt, info, kind),
-            len(record.incidents) + 1,
-            s.root.checkpoints / record.checkpoint,
-        )
-        s.incidents.open(record, incident, "incident.detected")
-        log.warning("incident.detected", job=record.id, incident=incident.id, kind=kind.value)
-        recovering = attempt.incident
-        if recovering is not None:
-            s.incidents.conclude(
-                recovering,
-                "failed",
-                diagnosis.recovery_failed_text(attempt.number, incident.id),
-                "incident.recovery_failed",
-            )
-        if isinstance(outcome, policy.Restart):
-            record.restarts += 1
-            incident.details["backoff_s"] = outcome.delay_s
-            s.incidents.write(incident, "incident.opened")
-            s.table.transition(record, S.RECOVERING, outcome.reason, incident=incident.id)
-            plan = ReplayPlan.from_events(attempt.number, attempt.folder / "events.jsonl")
-            self._restart_later(ReplayVerifier(plan, incident), outcome.delay_s)
-            return
-        escalate = isinstance(outcome, policy.Escalate)
-        status, state = ("escalated", S.ESCALATED) if escalate else ("failed", S.FAILED)
-        text = (
-            diagnosis.escalated_text(attempt, kind) if escalate else diagnosis.failed_text(record)
-        )
-        s.incidents.conclude(incident, status, text, f"incident.{status}")
-        s.table.transition(record, state, outcome.reason, incident=incident.id)
         s.on_settled(self)
 
     def _restart_later(self, verifier: ReplayVerifier, delay_s: float) -> None:
@@ -381,16 +353,5 @@ class JobSupervisor:
         self.services.on_settled(self)
 
     def _refuse_duplicate(self, refusal: policy.Escalate, owner: JobRecord) -> None:
-        s, record = self.services, self.record
-        incident = diagnosis.duplicate_writer_incident(
-            record, owner, len(record.incidents) + 1, s.root
-        )
-        s.incidents.open(record, incident, "incident.duplicate_writer_prevented")
-        log.warning(
-            "incident.duplicate_writer_prevented",
-            job=record.id,
-            owner=owner.id,
-            checkpoint=record.checkpoint,
-        )
-        s.table.transition(record, S.ESCALATED, refusal.reason, incident=incident.id)
-        s.on_settled(self)
+        outcomes.refuse_duplicate(self.services, self.record, refusal, owner)
+        self.services.on_settled(self)
