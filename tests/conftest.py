@@ -44,3 +44,17 @@ def reference(tmp_path_factory: pytest.TempPathFactory, compile_cache: Path) -> 
     result = run_worker(spec, base / "checkpoints", base / "run", compile_cache)
     assert result.exit_status == 0
     return result
+
+
+@pytest.fixture(scope="session")
+def lesson_drill(
+    tmp_path_factory: pytest.TempPathFactory, compile_cache: Path
+) -> tuple[AttemptResult, AttemptResult]:
+    """The lesson's drill by hand: fail after update 3, then resume; attempts in run/1, run/2."""
+    base = tmp_path_factory.mktemp("lesson-drill")
+    failed_spec = job(base / "f.toml", "drill", faults={"fail_after": 3})
+    failed = run_worker(failed_spec, base / "ck", base / "run" / "1", compile_cache)
+    resumed = run_worker(
+        job(base / "r.toml", "drill"), base / "ck", base / "run" / "2", compile_cache
+    )
+    return failed, resumed

@@ -7,15 +7,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from jobwarden.control import client
 from jobwarden.control.client import DaemonUnreachable
 from jobwarden.control.protocol import ControlError
+from jobwarden.states import SETTLED, JobState
+from tests.helpers import toml_value, wait_until
 
-TERMINAL = ("completed", "escalated", "failed", "cancelled")
+SETTLED_STATES = tuple(sorted(state.value for state in SETTLED))
+"""Where a job rests: the states `Daemon.wait` waits for unless told otherwise."""
+ANY_STATE = tuple(state.value for state in JobState)
+"""Every state: waiting for one of them waits until the daemon has accepted the job."""
 
 
 class Daemon:
@@ -48,18 +52,22 @@ class Daemon:
         if self.cache is not None:
             argv += ["--compile-cache", str(self.cache)]
         self.root.mkdir(parents=True, exist_ok=True)
-        with (self.root.parent / f"{self.root.name}.stderr").open("ab") as err:
-            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                self.ask("version")
-                return self
-            except (DaemonUnreachable, OSError):
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"wardend exited with {self.proc.returncode}") from None
-                time.sleep(0.05)
-        raise TimeoutError("wardend did not answer on its socket")
+        stderr = self.root.parent / f"{self.root.name}.stderr"
+        with stderr.open("ab") as err:
+            proc = self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+
+        def version() -> Any:
+            if proc.poll() is not None:
+                raise RuntimeError(f"wardend exited with {proc.returncode}; see {stderr}")
+            return self.ask("version")
+
+        wait_until(
+            version,
+            timeout=timeout,
+            what=f"wardend answering on {self.socket}",
+            retry=(DaemonUnreachable, OSError),
+        )
+        return self
 
     def ask(self, cmd: str, **args: Any) -> Any:
         """One control request."""
@@ -79,20 +87,16 @@ class Daemon:
         return result
 
     def wait(
-        self, job: str, states: tuple[str, ...] = TERMINAL, timeout: float = 120
+        self, job: str, states: tuple[str, ...] = SETTLED_STATES, timeout: float = 120
     ) -> dict[str, Any]:
         """Poll until the job reaches one of ``states``; returns its status."""
-        deadline = time.monotonic() + timeout
-        last: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            try:
-                last = self.state(job)
-                if last["state"] in states:
-                    return last
-            except ControlError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"job {job} did not reach {states}; last {last.get('state')}")
+        return wait_until(
+            lambda: self.state(job),
+            lambda status: status["state"] in states,
+            timeout=timeout,
+            what=f"job {job} in one of {states}",
+            retry=(ControlError,),
+        )
 
     def incidents(self, job: str) -> list[dict[str, Any]]:
         """The job's incident records."""
@@ -128,8 +132,6 @@ class Daemon:
 
 def linreg_job(job_id: str, checkpoint: str | None = None, **sections: dict[str, Any]) -> str:
     """A linreg job file's text with the lesson's training fields."""
-    from tests.helpers import toml_value
-
     lines = [f'id = "{job_id}"', 'task = "linreg"']
     if checkpoint:
         lines.append(f'checkpoint = "{checkpoint}"')

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from jobwarden import files
 from jobwarden.checkpoint import format
 from jobwarden.events import Event, read_events
 from jobwarden.hashing import state_hash
+from jobwarden.worker.command import worker_argv
 
 __all__ = [
     "AttemptResult",
@@ -25,8 +26,10 @@ __all__ = [
     "rewrite_checkpoint",
     "run_worker",
     "toml_value",
-    "worker_command",
+    "wait_until",
 ]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -41,18 +44,34 @@ class AttemptResult:
         return [e for e in read_events(self.folder / "events.jsonl") if isinstance(e, Event)]
 
 
-def worker_command(job: Path, checkpoint_dir: Path, cache: Path | None = None) -> list[str]:
-    """The worker's command line, as an operator types it."""
-    argv = [
-        sys.executable,
-        "-m",
-        "jobwarden.worker",
-        "--job",
-        str(job),
-        "--checkpoint-dir",
-        str(checkpoint_dir),
-    ]
-    return argv + (["--compile-cache", str(cache)] if cache is not None else [])
+def wait_until(
+    observe: Callable[[], T],
+    done: Callable[[T], object] = bool,
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.02,
+    retry: tuple[type[Exception], ...] = (),
+) -> T:
+    """Poll ``observe`` until ``done`` holds for what it returned, and return that value.
+
+    An exception of a type in ``retry`` counts as "not yet".  Raises TimeoutError
+    naming ``what`` and the last value (or exception) observed once ``timeout`` s pass.
+    """
+    deadline = time.monotonic() + timeout
+    last: object = "nothing"
+    while True:
+        try:
+            value = observe()
+        except retry as error:
+            last = error
+        else:
+            if done(value):
+                return value
+            last = value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{what}: not within {timeout} s; last observed {last!r:.2000}")
+        time.sleep(interval)
 
 
 def run_worker(
@@ -60,7 +79,7 @@ def run_worker(
 ) -> AttemptResult:
     """Run ``python -m jobwarden.worker`` to completion, keeping its events and stderr."""
     folder.mkdir(parents=True, exist_ok=True)
-    argv = worker_command(job, checkpoint_dir, cache)
+    argv = worker_argv(job, checkpoint_dir, cache)
     with (folder / "events.jsonl").open("wb") as out, (folder / "stderr.log").open("wb") as err:
         status = subprocess.run(
             argv, stdout=out, stderr=err, timeout=timeout, check=False

@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from jobwarden.checkpoint.store import file_name
 from jobwarden.errors import exit_status_table
+from jobwarden.worker.command import worker_argv
 from tests.conftest import Runner
-from tests.helpers import AttemptResult, job, kinds, worker_command
+from tests.helpers import AttemptResult, job, kinds
 
 WARDENCTL = [sys.executable, "-m", "jobwarden.control.cli"]
 
@@ -61,14 +64,16 @@ def test_inspect_refuses_a_damaged_file_but_still_describes_it(
     assert record["step"] == 2
 
 
+@pytest.mark.slow
 def test_verify_exit_status_and_json(
-    reference: AttemptResult, worker: Runner, tmp_path: Path
+    reference: AttemptResult,
+    lesson_drill: tuple[AttemptResult, AttemptResult],
+    worker: Runner,
+    tmp_path: Path,
 ) -> None:
     """verify exits 0 for a proven continuation, 1 for a different experiment, 2 for no input."""
-    ck = tmp_path / "ck"
-    worker(job(tmp_path / "f.toml", "v", faults={"fail_after": 3}), ck, tmp_path / "run" / "1")
-    worker(job(tmp_path / "r.toml", "v"), ck, tmp_path / "run" / "2")
-    good = ctl("verify", str(reference.folder), str(tmp_path / "run"), "--json")
+    run = lesson_drill[0].folder.parent
+    good = ctl("verify", str(reference.folder), str(run), "--json")
     assert good.returncode == 0, good.stdout
     assert json.loads(good.stdout)["replayed_steps"] == [3, 4, 5, 6, 7, 8]
     other = tmp_path / "other"
@@ -85,7 +90,7 @@ def test_invalid_job_file_exits_with_its_own_status(tmp_path: Path) -> None:
     spec = tmp_path / "bad.toml"
     spec.write_text('id = "x"\ntask = "linreg"\n[train]\nbatch_size = 0\n')
     done = subprocess.run(
-        worker_command(spec, tmp_path / "ck"),
+        worker_argv(spec, tmp_path / "ck"),
         capture_output=True,
         text=True,
         check=False,
@@ -104,7 +109,7 @@ def test_shared_compilation_cache_is_refused(worker: Runner, tmp_path: Path) -> 
     unsafe.mkdir(mode=0o777)
     unsafe.chmod(0o777)
     done = subprocess.run(
-        worker_command(job(tmp_path / "j.toml", "x"), tmp_path / "ck", unsafe),
+        worker_argv(job(tmp_path / "j.toml", "x"), tmp_path / "ck", unsafe),
         capture_output=True,
         text=True,
         check=False,

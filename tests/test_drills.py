@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -12,19 +11,19 @@ from pathlib import Path
 
 import pytest
 
+from jobwarden.testfaults import ENV, Fault
+from tests.daemon import Daemon
+
 WARDENCTL = [sys.executable, "-m", "jobwarden.control.cli"]
 SVG = "{http://www.w3.org/2000/svg}"
 
+pytestmark = pytest.mark.slow
 
-def drill(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+
+def drill(*args: str) -> subprocess.CompletedProcess[str]:
     """Run wardenctl drill with ``args``."""
     return subprocess.run(
-        [*WARDENCTL, "drill", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env=env,
+        [*WARDENCTL, "drill", *args], capture_output=True, text=True, timeout=600, check=False
     )
 
 
@@ -38,6 +37,8 @@ def series(svg: Path, gid: str) -> list[tuple[float, float]]:
 
 def test_all_drills_pass_in_one_private_daemon(tmp_path: Path) -> None:
     """drill all: five drills, one daemon, every check held, evidence kept for each."""
+    # The private daemon compiles into its own root's cache: `wardenctl drill` takes no
+    # --compile-cache, so this one drill cannot share the session's.
     done = drill("all", "--out", str(tmp_path), "--json")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout)
@@ -78,64 +79,57 @@ def test_all_drills_pass_in_one_private_daemon(tmp_path: Path) -> None:
     assert refusals["failed_event"]["fields"] == {"learning_rate": [0.04, 0.05]}
 
 
-def test_the_lesson_exercise_through_the_daemon(tmp_path: Path) -> None:
-    """drill crash --seed 9 --checkpoint-every 3 --fail-after 5: restored 3, final state equal."""
-    done = drill(
-        "crash",
-        "--seed",
-        "9",
-        "--checkpoint-every",
-        "3",
-        "--fail-after",
-        "5",
-        "--out",
-        str(tmp_path),
-        "--json",
-    )
-    assert done.returncode == 0, done.stdout[-3000:]
-    verdict = json.loads(done.stdout)
-    assert verdict["restored_step"] == 3
-    assert verdict["replayed_steps"] == [4, 5, 6, 7, 8]
-    checks = {c["name"]: c for c in verdict["checks"]}
-    assert checks["final checkpoints are equal"]["ok"] is True
+def test_the_lesson_exercise_through_a_given_daemon(tmp_path: Path, compile_cache: Path) -> None:
+    """drill crash --seed 9 --checkpoint-every 3 --fail-after 5 --root DIR: restored 3, exact.
 
-
-@pytest.mark.parametrize("fault", ["zero_opt_state_on_restore"])
-def test_a_broken_recovery_fails_the_drill_and_names_the_check(tmp_path: Path, fault: str) -> None:
-    """With velocity zeroed on restore (a test-only fault), the crash drill fails and says why."""
-    env = {**os.environ, "JOBWARDEN_TEST_FAULT": fault}
-    done = drill("crash", "--out", str(tmp_path), env=env)
-    assert done.returncode == 1
-    assert "verdict: FAIL" in done.stdout
-    verdict = json.loads((tmp_path / "crash" / "verdict.json").read_text())
-    assert (
-        "the daemon opened a crash incident and verified the replay against the failed "
-        "attempt's log" in verdict["failed_checks"]
-    )
-    assert "every resumed update's full state equals the reference's" in verdict["failed_checks"]
-    assert "job completed" in verdict["failed_checks"]
-    incident = json.loads(
-        (
-            tmp_path
-            / "crash"
-            / next(p.name for p in (tmp_path / "crash").glob("incidents-*-crash.json"))
-        ).read_text()
-    )[0]
-    assert incident["status"] == "escalated"
-    assert incident["verification"]["verdict"] == "mismatch"
-    assert incident["verification"]["checks"][-1]["what"] == "restored state"
-
-
-def test_a_drill_uses_the_daemon_of_a_given_root(tmp_path: Path, compile_cache: Path) -> None:
-    """drill --root DIR drops its jobs into that daemon's spool and leaves it running."""
-    from tests.daemon import Daemon
-
+    The drill drops its jobs into that daemon's spool and leaves the daemon running.
+    """
     with Daemon(tmp_path / "root", compile_cache) as daemon:
-        done = drill("crash", "--root", str(daemon.root), "--out", str(tmp_path / "out"), "--json")
-        assert done.returncode == 0, done.stdout[-2000:]
+        done = drill(
+            "crash",
+            "--seed",
+            "9",
+            "--checkpoint-every",
+            "3",
+            "--fail-after",
+            "5",
+            "--root",
+            str(daemon.root),
+            "--out",
+            str(tmp_path / "out"),
+            "--json",
+        )
+        assert done.returncode == 0, done.stdout[-3000:]
         verdict = json.loads(done.stdout)
         jobs = {row["id"]: row["state"] for row in daemon.ask("status")["jobs"]}
         assert jobs[verdict["job"]] == "completed"
         assert jobs[verdict["reference"]] == "completed"
         assert daemon.ask("version")["pid"] == daemon.proc.pid  # type: ignore[union-attr]
     assert not (tmp_path / "out" / "root").exists()
+    assert verdict["restored_step"] == 3
+    assert verdict["replayed_steps"] == [4, 5, 6, 7, 8]
+    checks = {c["name"]: c for c in verdict["checks"]}
+    assert checks["final checkpoints are equal"]["ok"] is True
+
+
+def test_a_broken_recovery_fails_the_drill_and_names_the_check(
+    tmp_path: Path, compile_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With velocity zeroed on restore (a test-only fault), the crash drill fails and says why."""
+    monkeypatch.setenv(ENV, Fault.ZERO_OPT_STATE_ON_RESTORE.value)
+    out = tmp_path / "out"
+    with Daemon(tmp_path / "root", compile_cache) as daemon:
+        done = drill("crash", "--root", str(daemon.root), "--out", str(out))
+    assert done.returncode == 1
+    assert "verdict: FAIL" in done.stdout
+    verdict = json.loads((out / "crash" / "verdict.json").read_text())
+    assert (
+        "the daemon opened a crash incident and verified the replay against the failed "
+        "attempt's log" in verdict["failed_checks"]
+    )
+    assert "every resumed update's full state equals the reference's" in verdict["failed_checks"]
+    assert "job completed" in verdict["failed_checks"]
+    incident = json.loads(next((out / "crash").glob("incidents-*-crash.json")).read_text())[0]
+    assert incident["status"] == "escalated"
+    assert incident["verification"]["verdict"] == "mismatch"
+    assert incident["verification"]["checks"][-1]["what"] == "restored state"

@@ -16,6 +16,7 @@ import pytest
 
 from jobwarden.control import client
 from jobwarden.daemon.notify import Notifier, child_environment
+from jobwarden.testfaults import Fault, environment
 
 
 @pytest.fixture
@@ -78,7 +79,7 @@ def test_watchdog_pings_at_half_the_interval_and_stop_when_the_loop_blocks(
         {
             "NOTIFY_SOCKET": str(tmp_path / "notify.sock"),
             "WATCHDOG_USEC": "1000000",
-            "JOBWARDEN_TEST_FAULT": "block_loop_on_sigusr2",
+            **environment(Fault.BLOCK_LOOP_ON_SIGUSR2),
         },
     )
     try:

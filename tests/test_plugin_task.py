@@ -77,6 +77,7 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_registered_task_is_supervised_and_resumed_exactly(
     plugin: Path, tmp_path: Path, compile_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

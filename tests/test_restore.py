@@ -109,6 +109,7 @@ def test_leftover_pending_file_is_never_selected_and_is_quarantined(
     assert continues_exactly(reference, resumed)
 
 
+@pytest.mark.slow
 def test_crash_in_the_middle_of_a_commit_leaves_the_previous_checkpoint_in_use(
     reference: AttemptResult, worker: Runner, tmp_path: Path
 ) -> None:

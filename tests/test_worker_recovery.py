@@ -12,11 +12,13 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from jobwarden.checkpoint import format
 from jobwarden.control import verify
+from jobwarden.worker.command import worker_argv
 from tests.conftest import Runner
-from tests.helpers import AttemptResult, job, kinds, worker_command
+from tests.helpers import AttemptResult, job, kinds
 
 
 def proven(reference: AttemptResult, *attempts: AttemptResult) -> verify.Report:
@@ -51,15 +53,14 @@ def test_default_task_is_the_lesson_bit_for_bit(reference: AttemptResult) -> Non
     assert final.arrays["key"].tolist() == key.tolist()
 
 
+@pytest.mark.slow
 def test_lesson_drill_restores_step_2_and_replays_3_to_8(
-    reference: AttemptResult, worker: Runner, tmp_path: Path
+    reference: AttemptResult, lesson_drill: tuple[AttemptResult, AttemptResult]
 ) -> None:
     """Fail after update 3: the resume restores step 2, replays 3..8 and verify proves it."""
-    ck = tmp_path / "ck"
-    failed = worker(job(tmp_path / "f.toml", "drill", faults={"fail_after": 3}), ck)
+    failed, resumed = lesson_drill
     assert failed.exit_status == 10
     assert kinds(failed, "failed")[0]["code"] == "worker.injected_failure"
-    resumed = worker(job(tmp_path / "r.toml", "drill"), ck)
     assert resumed.exit_status == 0
     assert [e["step"] for e in kinds(resumed, "restored")] == [2]
     assert [e["step"] for e in kinds(resumed, "progress")] == [3, 4, 5, 6, 7, 8]
@@ -74,6 +75,7 @@ def test_lesson_drill_restores_step_2_and_replays_3_to_8(
     )
 
 
+@pytest.mark.slow
 def test_lesson_exercise_seed_9_every_3_fail_after_5(worker: Runner, tmp_path: Path) -> None:
     """The exercise: seed 9, checkpoint every 3, fail after 5 -> restored at 3, exact."""
     train, run = {"seed": 9}, {"checkpoint_every": 3}
@@ -94,6 +96,7 @@ def test_lesson_exercise_seed_9_every_3_fail_after_5(worker: Runner, tmp_path: P
     )
 
 
+@pytest.mark.slow
 def test_hard_crash_after_update_resumes_exactly(
     reference: AttemptResult, worker: Runner, tmp_path: Path
 ) -> None:
@@ -107,6 +110,7 @@ def test_hard_crash_after_update_resumes_exactly(
     assert proven(reference, crashed, resumed).proven
 
 
+@pytest.mark.slow
 def test_sigterm_commits_the_current_step_and_resumes_exactly(
     compile_cache: Path, worker: Runner, tmp_path: Path
 ) -> None:
@@ -118,7 +122,7 @@ def test_sigterm_commits_the_current_step_and_resumes_exactly(
     folder = tmp_path / "preempted"
     folder.mkdir()
     with subprocess.Popen(
-        worker_command(spec, ck, compile_cache),
+        worker_argv(spec, ck, compile_cache),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -144,6 +148,7 @@ def test_sigterm_commits_the_current_step_and_resumes_exactly(
     assert report.proven, verify.render(report)
 
 
+@pytest.mark.slow
 def test_mlp_of_a_few_mib_resumes_exactly_at_every_step(worker: Runner, tmp_path: Path) -> None:
     """The optax mlp task, ~3 MiB of nested state, interrupted and resumed, equals the reference."""
     train = {"width": 512, "depth": 2, "seed": 1}
@@ -172,7 +177,7 @@ def test_stall_fault_hangs_and_sigusr1_dumps_every_thread(
     """stall_at hangs after N updates; SIGUSR1 makes the worker print every thread's stack."""
     spec = job(tmp_path / "s.toml", "stall", faults={"stall_at": 2, "stall_seconds": 30})
     with subprocess.Popen(
-        worker_command(spec, tmp_path / "ck", compile_cache),
+        worker_argv(spec, tmp_path / "ck", compile_cache),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
