@@ -1,16 +1,21 @@
 """Checkpoint refusals: each has its own code and exit status and names what differed.
 
 Two families decide what recovery may do next.  A `CorruptCheckpoint` is
-accidental damage: the file is quarantined and an older checkpoint may be used.
-An `IncompatibleCheckpoint` is a sound file from a different experiment or
-runtime: the attempt stops, with no fallback and no relaxed checks.
+accidental damage (or, for `SignatureMismatch`, a rewrite by someone without
+the key): the file is quarantined and an older checkpoint may be used.  An
+`IncompatibleCheckpoint` is a sound file from a different experiment or
+runtime: the attempt stops, with no fallback and no relaxed checks.  Besides
+the files, the directory itself can be refused (`UnsafeCheckpointDirectory`),
+and a writer that lost its lock or was fenced stops before it commits
+(`WriterLockLost`, `WriterFenced`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from jobwarden.errors import JobwardenError
+from jobwarden.errors import JobwardenError, WriterLockedError
+from jobwarden.files import UnsafePathError
 
 
 class CheckpointError(JobwardenError):
@@ -53,6 +58,17 @@ class ChecksumMismatch(CorruptCheckpoint):
 
     code = "checkpoint.checksum"
     exit_status = 22
+
+
+class SignatureMismatch(CorruptCheckpoint):
+    """Raised, when a signing key is given, for a checkpoint whose HMAC is missing or wrong.
+
+    The checksum verified, so this is no accident: someone without the key
+    rewrote the file.  Quarantined and passed over like damage.
+    """
+
+    code = "checkpoint.signature"
+    exit_status = 34
 
 
 class IncompatibleCheckpoint(CheckpointError):
@@ -158,3 +174,56 @@ class NoUsableCheckpoint(CheckpointError):
 
     code = "checkpoint.none_usable"
     exit_status = 13
+
+
+class CheckpointDiskFull(CheckpointError):
+    """Raised when a commit fails because the checkpoint directory's filesystem is full
+    (ENOSPC) or over quota (EDQUOT).  The pending file is removed and every older
+    checkpoint is intact; a restart would fill the disk again, so a person frees space."""
+
+    code = "checkpoint.disk_full"
+    exit_status = 17
+
+    def __init__(self, directory: str, step: int, wanted: int, error: OSError) -> None:
+        super().__init__(
+            directory,
+            f"no room to commit step {step} ({wanted} bytes): {error.strerror}",
+            step=step,
+            bytes=wanted,
+            errno=error.errno,
+        )
+
+
+class UnsafeCheckpointDirectory(UnsafePathError):
+    """Raised when the checkpoint directory, or an entry a writer uses in it, is unsafe.
+
+    The directory must be a real directory (not a symbolic link) owned by the
+    writer's uid and not writable by group or others; ``quarantine/``,
+    ``writer.json`` and the files read must be ours and no links.  The
+    evidence names the path, what is there, its owner and its mode.
+    """
+
+    code = "checkpoint.directory_unsafe"
+    exit_status = 14
+
+
+class WriterLockLost(WriterLockedError):
+    """Raised before a commit when the writer's path no longer names the directory it locked.
+
+    The directory was moved, replaced or deleted under the writer; a commit
+    now would land where no restart looks, beside a writer that may hold the new one.
+    """
+
+    code = "writer.lock_lost"
+    exit_status = 15
+
+
+class WriterFenced(WriterLockedError):
+    """Raised before a commit when ``writer.json`` names another generation than the writer's.
+
+    A newer writer took the directory (or its record was rewritten): this
+    writer is fenced and must stop without committing.
+    """
+
+    code = "writer.fenced"
+    exit_status = 16

@@ -4,212 +4,120 @@ Layout (the safetensors format, readable by the reference library):
 
     8 bytes   little-endian u64: header length N
     N bytes   JSON header, space-padded to a multiple of 8:
-              {"__metadata__": {"jobwarden": <manifest JSON>, "checksum": "xxh3-128:<hex>"},
+              {"__metadata__": {"jobwarden": <manifest JSON>, "checksum": "xxh3-128:<hex>",
+                                "signature": "hmac-sha256:<hex>" (only when signed)},
                "<leaf path>": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, ...}
     data      raw little-endian bytes of every leaf, in manifest order, no gaps
 
-The manifest holds the step, the tree structure (leaf paths, dtypes, shapes),
-the key implementation, the training fields and the provenance.  The checksum
-is xxh3-128 over the manifest text followed by the whole data region: it detects
-accidental corruption and is not a signature.
+The manifest (`jobwarden.checkpoint.manifest`) holds the step, the tree
+structure, the key implementation, the training fields and the provenance.
+The checksum is xxh3-128 over the manifest text followed by the whole data
+region: it detects accidental corruption and is not a signature.  The optional
+signature (`signing`) is HMAC-SHA256 over the same bytes, made in the same pass.
+
+The header is checked against the file's real size before any data is read or
+allocated (`Reader`): the tensor table must describe exactly the manifest's
+leaves with contiguous offsets, and the data region must be exactly their size.
 """
 
 from __future__ import annotations
 
+import errno
+import hmac
 import json
 import os
+import stat
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import xxhash
 
+from jobwarden.checkpoint import signing
 from jobwarden.checkpoint.errors import (
     ChecksumMismatch,
-    SchemaMismatch,
+    SignatureMismatch,
     TruncatedCheckpoint,
     UnreadableCheckpoint,
 )
+from jobwarden.checkpoint.manifest import (
+    NUMPY_DTYPES,
+    SAFETENSORS_DTYPES,
+    SCHEMA_VERSION,
+    LeafSpec,
+    Manifest,
+    Provenance,
+    leaf_specs,
+)
+from jobwarden.files import READ_FLAGS, Directory, UnsafePathError
 from jobwarden.hashing import HASH_NAME, Leaves, little_endian
 
-SCHEMA_VERSION = 1
+__all__ = [
+    "SCHEMA_VERSION",
+    "Checkpoint",
+    "LeafSpec",
+    "Manifest",
+    "Provenance",
+    "Reader",
+    "encode",
+    "leaf_specs",
+    "read",
+    "read_manifest",
+]
+
 MAX_HEADER_BYTES = 64 * 1024 * 1024
 READ_CHUNK = 16 << 20
-
-SAFETENSORS_DTYPES: dict[str, str] = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint64": "U64",
-    "uint32": "U32",
-    "uint16": "U16",
-    "uint8": "U8",
-    "bool": "BOOL",
-}
-NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
-    name: np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
-    for name in SAFETENSORS_DTYPES
-}
-
-
-@dataclass(frozen=True)
-class LeafSpec:
-    """One leaf of the saved state: its path, numpy dtype name and shape."""
-
-    path: str
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes this leaf occupies in the data region."""
-        count = 1
-        for extent in self.shape:
-            count *= extent
-        return count * NUMPY_DTYPES[self.dtype].itemsize
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """Where a checkpoint came from; compared field by field on restore."""
-
-    config_hash: str
-    data_hash: str
-    source_hash: str
-    runtime: Mapping[str, str]
-    writer_generation: int
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """Everything about a checkpoint except its array bytes."""
-
-    task: str
-    job_id: str
-    step: int
-    key_impl: str
-    leaves: tuple[LeafSpec, ...]
-    train: Mapping[str, Any]
-    provenance: Provenance
-    state_hash: str
-    components: Mapping[str, str]
-    created: float
-    schema_version: int = SCHEMA_VERSION
-
-    def to_json(self) -> str:
-        """The manifest as the compact JSON text stored in the header."""
-        record = {
-            "schema_version": self.schema_version,
-            "task": self.task,
-            "job_id": self.job_id,
-            "step": self.step,
-            "key_impl": self.key_impl,
-            "leaves": [[leaf.path, leaf.dtype, list(leaf.shape)] for leaf in self.leaves],
-            "train": dict(self.train),
-            "provenance": {
-                "config_hash": self.provenance.config_hash,
-                "data_hash": self.provenance.data_hash,
-                "source_hash": self.provenance.source_hash,
-                "runtime": dict(self.provenance.runtime),
-                "writer_generation": self.provenance.writer_generation,
-            },
-            "state_hash": self.state_hash,
-            "components": dict(self.components),
-            "created": self.created,
-        }
-        return json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-    @classmethod
-    def from_json(cls, path: str, text: str) -> Manifest:
-        """Parse manifest text; any missing or mistyped field makes the file unreadable."""
-        try:
-            raw = json.loads(text)
-            version = raw["schema_version"]
-            if version != SCHEMA_VERSION:
-                raise SchemaMismatch(path, "schema_version", version, SCHEMA_VERSION)
-            prov = raw["provenance"]
-            leaves = tuple(
-                LeafSpec(str(p), str(d), tuple(int(n) for n in s)) for p, d, s in raw["leaves"]
-            )
-            for leaf in leaves:
-                if leaf.dtype not in NUMPY_DTYPES:
-                    raise ValueError(f"leaf {leaf.path} has unsupported dtype {leaf.dtype}")
-            return cls(
-                task=str(raw["task"]),
-                job_id=str(raw["job_id"]),
-                step=_int(raw["step"]),
-                key_impl=str(raw["key_impl"]),
-                leaves=leaves,
-                train=dict(raw["train"]),
-                provenance=Provenance(
-                    config_hash=str(prov["config_hash"]),
-                    data_hash=str(prov["data_hash"]),
-                    source_hash=str(prov["source_hash"]),
-                    runtime={str(k): str(v) for k, v in prov["runtime"].items()},
-                    writer_generation=_int(prov["writer_generation"]),
-                ),
-                state_hash=str(raw["state_hash"]),
-                components={str(k): str(v) for k, v in raw["components"].items()},
-                created=float(raw["created"]),
-            )
-        except SchemaMismatch:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise UnreadableCheckpoint(path, f"manifest is malformed: {error!r}") from error
-
-
-def _int(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"expected an integer, found {value!r}")
-    return value
+# Both hashes see each piece while it is still in cache.
+HASH_CHUNK = 1 << 20
+CONTAINER_CHECKS = ("readable", "checksum", "schema")
+SIGNED_CHECKS = ("readable", "checksum", "signature", "schema")
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A checkpoint read back and verified against its checksum."""
+    """A checkpoint read back and verified against its checksum (and signature, given a key)."""
 
     path: Path
     manifest: Manifest
     arrays: Mapping[str, np.ndarray]
     checksum: str
     size: int
-    checks: tuple[str, ...] = field(default=("readable", "checksum", "schema"))
+    checks: tuple[str, ...] = field(default=CONTAINER_CHECKS)
+    signature: str | None = None
 
     def leaves(self) -> Leaves:
         """The saved leaves in manifest order."""
         return [(leaf.path, self.arrays[leaf.path]) for leaf in self.manifest.leaves]
 
 
-def leaf_specs(leaves: Leaves) -> tuple[LeafSpec, ...]:
-    """Describe ``leaves`` for a manifest; refuses dtypes safetensors cannot hold."""
-    specs = []
-    for path, array in leaves:
-        if array.dtype.name not in SAFETENSORS_DTYPES:
-            raise TypeError(f"leaf {path}: dtype {array.dtype} cannot be checkpointed")
-        specs.append(LeafSpec(path, array.dtype.name, tuple(array.shape)))
-    return tuple(specs)
+class _Digests:
+    """The running checksum, and the running signature when there is a key."""
+
+    def __init__(self, manifest_text: bytes, key: bytes | None) -> None:
+        self.checksum = xxhash.xxh3_128(manifest_text)
+        self.mac: hmac.HMAC | None = None if key is None else signing.new_mac(key, manifest_text)
+
+    def update(self, view: memoryview) -> None:
+        if self.mac is None:
+            self.checksum.update(view)
+            return
+        for start in range(0, len(view), HASH_CHUNK):
+            piece = view[start : start + HASH_CHUNK]
+            self.checksum.update(piece)
+            self.mac.update(piece)
+
+    def checksum_text(self) -> str:
+        return f"{HASH_NAME}:{self.checksum.hexdigest()}"
 
 
-def _checksum(manifest_text: bytes, payload: list[memoryview]) -> str:
-    hasher = xxhash.xxh3_128(manifest_text)
-    for view in payload:
-        hasher.update(view)
-    return f"{HASH_NAME}:{hasher.hexdigest()}"
-
-
-def _header(manifest: Manifest, checksum: str) -> bytes:
-    table: dict[str, Any] = {
-        "__metadata__": {"jobwarden": manifest.to_json(), "checksum": checksum}
-    }
+def _header(manifest: Manifest, checksum: str, signature: str | None) -> bytes:
+    meta = {"jobwarden": manifest.to_json(), "checksum": checksum}
+    if signature is not None:
+        meta["signature"] = signature
+    table: dict[str, Any] = {"__metadata__": meta}
     offset = 0
     for leaf in manifest.leaves:
         table[leaf.path] = {
@@ -223,91 +131,173 @@ def _header(manifest: Manifest, checksum: str) -> bytes:
     return struct.pack("<Q", len(text)) + text
 
 
-def encode(manifest: Manifest, leaves: Leaves) -> list[memoryview]:
-    """The file's bytes as a list of buffers (header, then each leaf without copying)."""
+def encode(manifest: Manifest, leaves: Leaves, key: bytes | None = None) -> list[memoryview]:
+    """The file's bytes as a list of buffers (header, then each leaf without copying).
+
+    With ``key`` the header also carries the HMAC-SHA256 signature.
+    """
     payload = [little_endian(array).reshape(-1).view(np.uint8).data for _, array in leaves]
-    checksum = _checksum(manifest.to_json().encode(), payload)
-    return [memoryview(_header(manifest, checksum)), *payload]
+    digests = _Digests(manifest.to_json().encode(), key)
+    for view in payload:
+        digests.update(view)
+    signature = None if digests.mac is None else signing.signature_text(digests.mac)
+    return [memoryview(_header(manifest, digests.checksum_text(), signature)), *payload]
 
 
-def _read_and_hash(
-    fd: int, start: int, length: int, manifest_text: bytes, name: str
-) -> tuple[np.ndarray, str]:
-    """Read the data region in chunks into one uninitialised buffer, hashing each chunk
-    while it is still in cache.
+@dataclass
+class Reader:
+    """An open checkpoint file whose header was parsed and checked against its real size.
 
-    A zero-filled buffer followed by one large read costs twice the page faults;
-    chunks of `READ_CHUNK` keep the checksum nearly free next to the read.
+    No data has been read or allocated yet: `verify` streams the data through
+    one bounded buffer, `load` reads it into arrays.  Use as a context manager.
     """
-    data = np.empty(length, np.uint8)
-    view = data.data
-    hasher = xxhash.xxh3_128(manifest_text)
-    position = 0
-    while position < length:
-        chunk = view[position : position + READ_CHUNK]
-        count = os.preadv(fd, [chunk], start + position)
-        if count == 0:
-            raise TruncatedCheckpoint(name, "file shrank while it was read")
-        hasher.update(chunk[:count])
-        position += count
-    return data, f"{HASH_NAME}:{hasher.hexdigest()}"
 
+    path: Path
+    fd: int
+    size: int
+    header_len: int
+    manifest_text: str
+    checksum: str
+    signature: str | None
+    manifest: Manifest
 
-def read(path: Path) -> Checkpoint:
-    """Read and verify one checkpoint file.
+    @classmethod
+    def open(cls, path: Path, directory: Directory | None = None) -> Reader:
+        """Open ``path`` (by name inside ``directory`` when given), never through a link.
 
-    Raises `UnreadableCheckpoint`, `TruncatedCheckpoint` or `ChecksumMismatch`
-    for damage, and `SchemaMismatch` for a file of another schema version.
-    """
-    name = str(path)
-    fd = _open(name)
-    try:
-        size, header_len, manifest_text, stored_checksum, manifest = _read_header(fd, name)
-        expected = sum(leaf.nbytes for leaf in manifest.leaves)
-        available = size - 8 - header_len
-        if available < expected:
-            raise TruncatedCheckpoint(
+        Raises `UnreadableCheckpoint` or `TruncatedCheckpoint` when the header
+        is malformed or does not fit the file, `SchemaMismatch` for another schema.
+        """
+        name = str(path)
+        fd = _open(path, directory)
+        try:
+            return cls(path, fd, *_read_header(fd, name))
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @property
+    def data_bytes(self) -> int:
+        """Size of the data region, equal to the leaves' total (checked on open)."""
+        return self.size - 8 - self.header_len
+
+    def verify(self, key: bytes | None = None) -> None:
+        """Check the checksum (and signature) streaming the data through one bounded buffer."""
+        self._require_signature(key)
+        buffer = memoryview(bytearray(min(READ_CHUNK, self.data_bytes)))
+        self._check(self._stream(buffer, key, reuse=True), key)
+
+    def load(self, key: bytes | None = None) -> Checkpoint:
+        """Read and verify the data; raises `ChecksumMismatch` or `SignatureMismatch`."""
+        self._require_signature(key)
+        data = np.empty(self.data_bytes, np.uint8)
+        self._check(self._stream(data.data, key, reuse=False), key)
+        arrays: dict[str, np.ndarray] = {}
+        offset = 0
+        for leaf in self.manifest.leaves:
+            dtype = NUMPY_DTYPES[leaf.dtype]
+            arrays[leaf.path] = np.frombuffer(
+                data, dtype=dtype, count=leaf.nbytes // dtype.itemsize, offset=offset
+            ).reshape(leaf.shape)
+            offset += leaf.nbytes
+        return Checkpoint(
+            path=self.path,
+            manifest=self.manifest,
+            arrays=arrays,
+            checksum=self.checksum,
+            size=self.size,
+            checks=CONTAINER_CHECKS if key is None else SIGNED_CHECKS,
+            signature=self.signature,
+        )
+
+    def _require_signature(self, key: bytes | None) -> None:
+        if key is not None and self.signature is None:
+            raise SignatureMismatch(
+                str(self.path),
+                "unsigned, and this reader requires a signature (it was given a signing key)",
+                stored=None,
+            )
+
+    def _stream(self, buffer: memoryview, key: bytes | None, reuse: bool) -> _Digests:
+        """Read the data region into ``buffer`` (over and over when ``reuse``), hashing each
+        chunk while it is in cache: a zero-filled buffer and one large read would fault twice."""
+        digests = _Digests(self.manifest_text.encode(), key)
+        start, length, position = 8 + self.header_len, self.data_bytes, 0
+        while position < length:
+            at = 0 if reuse else position
+            chunk = buffer[at : at + min(READ_CHUNK, length - position)]
+            count = os.preadv(self.fd, [chunk], start + position)
+            if count == 0:
+                raise TruncatedCheckpoint(str(self.path), "file shrank while it was read")
+            digests.update(chunk[:count])
+            position += count
+        return digests
+
+    def _check(self, digests: _Digests, key: bytes | None) -> None:
+        found = digests.checksum_text()
+        name = str(self.path)
+        if found != self.checksum:
+            raise ChecksumMismatch(
                 name,
-                f"data region has {available} bytes, manifest needs {expected}",
-                size=size,
-                expected_bytes=8 + header_len + expected,
+                f"checksum mismatch: stored {self.checksum}, recomputed {found}",
+                stored=self.checksum,
+                found=found,
             )
-        if available > expected:
-            raise UnreadableCheckpoint(
-                name, f"{available - expected} unexpected bytes after the data"
+        if digests.mac is not None and not signing.matches(self.signature or "", digests.mac):
+            raise SignatureMismatch(
+                name,
+                "signature does not match: the checksum verifies, so the file was "
+                "rewritten by someone without the signing key (or signed with another key)",
+                stored=self.signature,
             )
-        data, found = _read_and_hash(fd, 8 + header_len, expected, manifest_text.encode(), name)
-    finally:
-        os.close(fd)
-    if found != stored_checksum:
-        raise ChecksumMismatch(
-            name,
-            f"checksum mismatch: stored {stored_checksum}, recomputed {found}",
-            stored=stored_checksum,
-            found=found,
-        )
-    arrays: dict[str, np.ndarray] = {}
-    offset = 0
-    for leaf in manifest.leaves:
-        dtype = NUMPY_DTYPES[leaf.dtype]
-        count = leaf.nbytes // dtype.itemsize
-        arrays[leaf.path] = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(
-            leaf.shape
-        )
-        offset += leaf.nbytes
-    return Checkpoint(
-        path=path, manifest=manifest, arrays=arrays, checksum=stored_checksum, size=size
-    )
+
+    def close(self) -> None:
+        """Close the file."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
-def _open(name: str) -> int:
+def read(path: Path, key: bytes | None = None) -> Checkpoint:
+    """Read and verify one checkpoint file (and its signature, given ``key``).
+
+    Raises `UnreadableCheckpoint`, `TruncatedCheckpoint`, `ChecksumMismatch` or
+    `SignatureMismatch` for damage, and `SchemaMismatch` for another schema version.
+    """
+    with Reader.open(path) as reader:
+        return reader.load(key)
+
+
+def read_manifest(path: Path) -> tuple[Manifest, str, int]:
+    """The manifest, stored checksum and file size, without reading or verifying the data."""
+    with Reader.open(path) as reader:
+        return reader.manifest, reader.checksum, reader.size
+
+
+def _open(path: Path, directory: Directory | None) -> int:
+    name = str(path)
     try:
-        return os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+        if directory is not None:
+            return directory.open_file(path.name)
+        fd = os.open(path, READ_FLAGS)
+    except UnsafePathError as error:
+        raise UnreadableCheckpoint(name, f"refused: {error.reason}") from error
     except OSError as error:
-        raise UnreadableCheckpoint(name, f"cannot open: {error.strerror}") from error
+        reason = "is a symbolic link" if error.errno == errno.ELOOP else error.strerror
+        raise UnreadableCheckpoint(name, f"cannot open: {reason}") from error
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnreadableCheckpoint(name, "cannot open: not a regular file")
+    return fd
 
 
-def _read_header(fd: int, name: str) -> tuple[int, int, str, str, Manifest]:
+def _read_header(fd: int, name: str) -> tuple[int, int, str, str, str | None, Manifest]:
     size = os.fstat(fd).st_size
     if size < 8:
         raise TruncatedCheckpoint(
@@ -329,25 +319,29 @@ def _read_header(fd: int, name: str) -> tuple[int, int, str, str, Manifest]:
         meta = header.pop("__metadata__")
         manifest_text = meta["jobwarden"]
         stored_checksum = meta["checksum"]
+        signature = meta.get("signature")
+        if not all(isinstance(v, str) for v in (manifest_text, stored_checksum, signature or "")):
+            raise TypeError("metadata values must be strings")
     except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise UnreadableCheckpoint(name, f"safetensors header is malformed: {error!r}") from error
     manifest = Manifest.from_json(name, manifest_text)
     _check_table(name, header, manifest)
-    return size, header_len, manifest_text, stored_checksum, manifest
-
-
-def read_manifest(path: Path) -> tuple[Manifest, str, int]:
-    """The manifest, stored checksum and file size, without reading or verifying the data."""
-    fd = _open(str(path))
-    try:
-        size, _, _, checksum, manifest = _read_header(fd, str(path))
-    finally:
-        os.close(fd)
-    return manifest, checksum, size
+    expected = sum(leaf.nbytes for leaf in manifest.leaves)
+    available = size - 8 - header_len
+    if available < expected:
+        raise TruncatedCheckpoint(
+            name,
+            f"data region has {available} bytes, manifest needs {expected}",
+            size=size,
+            expected_bytes=8 + header_len + expected,
+        )
+    if available > expected:
+        raise UnreadableCheckpoint(name, f"{available - expected} unexpected bytes after the data")
+    return size, header_len, manifest_text, stored_checksum, signature, manifest
 
 
 def _check_table(name: str, header: dict[str, Any], manifest: Manifest) -> None:
-    """The safetensors tensor table must describe exactly the manifest's leaves."""
+    """The safetensors tensor table must describe exactly the manifest's leaves, contiguously."""
     if list(header) != [leaf.path for leaf in manifest.leaves]:
         raise UnreadableCheckpoint(name, "tensor table and manifest list different leaves")
     offset = 0

@@ -12,11 +12,12 @@ beside them; nothing here rewrites or deletes a file it refused.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,19 +25,23 @@ from typing import TYPE_CHECKING, Any
 from jobwarden import files
 from jobwarden.checkpoint import format
 from jobwarden.checkpoint.errors import (
+    CheckpointDiskFull,
     CheckpointError,
     CorruptCheckpoint,
     IncompatibleCheckpoint,
     NoUsableCheckpoint,
 )
-from jobwarden.checkpoint.lock import read_generation
+from jobwarden.checkpoint.lock import WriterLock, open_directory, read_generation
 from jobwarden.checkpoint.validate import (
     Expected,
     check_config,
     check_generation,
+    check_manifest,
     check_step,
     validate,
 )
+from jobwarden.errors import WriterLockedError
+from jobwarden.files import Directory
 from jobwarden.hashing import Leaves
 
 if TYPE_CHECKING:
@@ -44,6 +49,9 @@ if TYPE_CHECKING:
 
 NAME = re.compile(r"ckpt-(\d{10})\.safetensors")
 QUARANTINE = "quarantine"
+REASON_SUFFIX = ".reason.json"
+# What a quarantined file's reason file may be called, finished or still pending.
+REASON_NAMES = (REASON_SUFFIX, REASON_SUFFIX + files.PENDING_SUFFIX)
 
 
 def file_name(step: int) -> str:
@@ -80,26 +88,49 @@ class Selection:
 
 
 class CheckpointStore:
-    """One checkpoint directory, used by the single writer that holds its lock."""
+    """One checkpoint directory, used by the single writer that holds its lock.
 
-    def __init__(self, directory: Path) -> None:
+    With ``lock`` every operation goes through the directory the lock holds
+    and every commit first checks the lock (`WriterLock.check`); without one
+    (tests, tools) each operation opens the directory afresh, held to the same
+    rules.  With ``signing_key`` commits are signed and restores require a
+    valid signature.
+    """
+
+    def __init__(
+        self, directory: Path, lock: WriterLock | None = None, signing_key: bytes | None = None
+    ) -> None:
         self.directory = directory
+        self.lock = lock
+        self.signing_key = signing_key
+
+    @contextlib.contextmanager
+    def _opened(self) -> Iterator[Directory]:
+        if self.lock is not None and self.lock.handle is not None:
+            yield self.lock.handle
+            return
+        with open_directory(self.directory) as handle:
+            yield handle
+
+    def _names(self) -> list[os.DirEntry[str]]:
+        if self.lock is not None and self.lock.handle is not None:
+            return self.lock.handle.entries()
+        with os.scandir(self.directory) as scan:  # a read-only listing (the daemon's)
+            return list(scan)
 
     def committed(self) -> list[tuple[int, Path]]:
-        """Committed checkpoints as (step, path), oldest first."""
+        """Committed checkpoints as (step, path), oldest first; links are never listed."""
         found = []
-        for entry in os.scandir(self.directory):
+        for entry in self._names():
             match = NAME.fullmatch(entry.name)
             if match and entry.is_file(follow_symlinks=False):
-                found.append((int(match.group(1)), Path(entry.path)))
+                found.append((int(match.group(1)), self.directory / entry.name))
         return sorted(found)
 
     def pending(self) -> list[Path]:
         """Leftover pending files of commits that never finished."""
         return sorted(
-            Path(e.path)
-            for e in os.scandir(self.directory)
-            if e.name.endswith(files.PENDING_SUFFIX)
+            self.directory / e.name for e in self._names() if e.name.endswith(files.PENDING_SUFFIX)
         )
 
     def commit(
@@ -109,37 +140,63 @@ class CheckpointStore:
         leaves: Leaves,
         before_replace: Callable[[Path], None] | None = None,
     ) -> tuple[Path, int]:
-        """Durably commit the state at ``step``; returns its path and size."""
-        final = self.directory / file_name(step)
-        written = files.commit(final, format.encode(manifest, leaves), before_replace)
-        return final, written
+        """Durably commit the state at ``step``; returns its path and size.
+
+        The writer's lock is checked before the write and again before the
+        rename; a writer that lost it leaves nothing behind and raises.
+        """
+        name = file_name(step)
+
+        def hook(pending: Path) -> None:
+            if before_replace is not None:
+                before_replace(pending)
+            self._check_writer()  # the last thing before the rename
+
+        with self._opened() as handle:
+            self._check_writer()
+            buffers = format.encode(manifest, leaves, self.signing_key)
+            try:
+                written = handle.commit(name, buffers, hook)
+            except WriterLockedError:
+                handle.unlink(name + files.PENDING_SUFFIX, missing_ok=True)
+                raise
+            except OSError as error:
+                if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                wanted = sum(len(b) for b in buffers)
+                raise CheckpointDiskFull(str(self.directory), step, wanted, error) from error
+        return self.directory / name, written
+
+    def _check_writer(self) -> None:
+        if self.lock is not None:
+            self.lock.check()
 
     def retain(self, keep: int) -> list[Path]:
         """Delete committed checkpoints beyond the newest ``keep``; returns those removed."""
         removed = [path for _, path in self.committed()[:-keep]] if keep > 0 else []
-        for path in removed:
-            path.unlink()
         if removed:
-            files.fsync_dir(self.directory)
+            with self._opened() as handle:
+                for path in removed:
+                    handle.unlink(path.name)
+                handle.fsync()
         return removed
 
     def quarantine(self, path: Path, reason: dict[str, Any]) -> Path:
-        """Move ``path`` unchanged into ``quarantine/`` and write a reason file beside it."""
-        folder = self.directory / QUARANTINE
-        folder.mkdir(exist_ok=True)
-        target = folder / path.name
-        suffix = 1
-        while target.exists():
-            target = folder / f"{path.name}.{suffix}"
-            suffix += 1
-        os.rename(path, target)
-        record = {"original": str(path), "quarantined": time.time(), **reason}
-        files.write_text_atomic(
-            target.with_name(target.name + ".reason.json"),
-            json.dumps(record, indent=2, default=str) + "\n",
-        )
-        files.fsync_dir(self.directory)
-        return target
+        """Move ``path`` unchanged into ``quarantine/`` and write a reason file beside it.
+
+        ``quarantine/`` must be a real directory of ours; nothing in it is ever
+        replaced: the target takes a numbered name when its own is taken.
+        """
+        with self._opened() as handle, handle.child(QUARANTINE, create=True) as folder:
+            target, suffix = path.name, 1
+            while any(folder.lexists(target + extra) for extra in ("", *REASON_NAMES)):
+                target, suffix = f"{path.name}.{suffix}", suffix + 1
+            handle.move_to(path.name, folder, target)
+            record = {"original": str(path), "quarantined": time.time(), **reason}
+            text = json.dumps(record, indent=2, default=str) + "\n"
+            folder.write_atomic(target + REASON_SUFFIX, text.encode())  # fsyncs the folder
+            handle.fsync()
+        return self.directory / QUARANTINE / target
 
     def select(self, expected: Expected) -> Selection:
         """Find the newest accepted compatible checkpoint.
@@ -159,7 +216,7 @@ class CheckpointStore:
             skipped.append(Skipped(path.name, reason["code"], reason["message"], str(target)))
         for step, path in reversed(self.committed()):
             try:
-                checkpoint = format.read(path)
+                checkpoint = self._read(path, expected, step)
             except CorruptCheckpoint as error:
                 target = self.quarantine(path, error.as_record())
                 skipped.append(Skipped(path.name, error.code, error.message, str(target)))
@@ -175,11 +232,30 @@ class CheckpointStore:
             )
         return Selection(None, (), tuple(skipped))
 
+    def _read(self, path: Path, expected: Expected, step: int) -> format.Checkpoint:
+        """Read ``path`` for a restore, allocating only what the expected tree needs.
 
-def directory_verdicts(directory: Path, job: Job) -> list[dict[str, Any]]:
+        The header was checked against the file's size when it was opened.  A
+        header whose tree differs from the job's would size the allocation by
+        what the file claims, so its data is only streamed through a bounded
+        buffer to tell damage (corrupt) from another experiment (incompatible,
+        raised by the manifest checks in their usual order).
+        """
+        with self._opened() as handle, format.Reader.open(path, handle) as reader:
+            if reader.manifest.leaves != expected.leaves:
+                reader.verify(self.signing_key)
+                check_manifest(str(path), reader.manifest, expected, step)
+            return reader.load(self.signing_key)
+
+
+def directory_verdicts(
+    directory: Path, job: Job, signing_key: bytes | None = None
+) -> list[dict[str, Any]]:
     """Every checkpoint file of a directory (committed, pending, quarantined) with its verdict.
 
-    The container (readable, length, checksum) is fully checked; of the
+    The container (readable, length, checksum, and the signature given
+    ``signing_key``) is fully checked, streaming the data through one bounded
+    buffer, so a file that lies about its size costs no memory; of the
     provenance, what can be told without starting JAX (task, training fields,
     step, writer generation), by the checks a restore runs.  The data, source
     and runtime identity are checked by the worker when it restores.
@@ -204,23 +280,25 @@ def directory_verdicts(directory: Path, job: Job) -> list[dict[str, Any]]:
             if path.name.endswith(files.PENDING_SUFFIX)
             else "committed"
         )
-        rows.append(_verdict_row(path, place, job, generation))
+        rows.append(_verdict_row(path, place, job, generation, signing_key))
     return rows
 
 
-def _verdict_row(path: Path, place: str, job: Job, generation: int) -> dict[str, Any]:
+def _verdict_row(
+    path: Path, place: str, job: Job, generation: int, signing_key: bytes | None
+) -> dict[str, Any]:
     """One file's row: its identity from the header, and the verdict on it."""
     manifest: format.Manifest | None = None
     size: int | None = None
+    signed: bool | None = None
     try:
-        checkpoint = format.read(path)
+        with format.Reader.open(path) as reader:
+            manifest, size, signed = reader.manifest, reader.size, reader.signature is not None
+            reader.verify(signing_key)
     except CheckpointError as error:
         verdict: dict[str, Any] = {"ok": False, **error.as_record()}
-        with contextlib.suppress(CheckpointError):  # described from its header if it has one
-            manifest, _, size = format.read_manifest(path)
     else:
-        manifest, size = checkpoint.manifest, checkpoint.size
-        problems = _provenance_refusals(path, manifest, job, generation)
+        problems = _provenance_refusals(path, reader.manifest, job, generation)
         if place != "committed":
             problems.append(f"{place}: never selected")
         verdict = {
@@ -240,6 +318,7 @@ def _verdict_row(path: Path, place: str, job: Job, generation: int) -> dict[str,
         "task": manifest.task if manifest else None,
         "where": place,
         "writer_generation": manifest.provenance.writer_generation if manifest else None,
+        "signed": signed,
     }
 
 

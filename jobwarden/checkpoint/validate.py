@@ -1,8 +1,10 @@
 """Compatibility checks on restore: each refusal names the field and both values.
 
-Run after `format.read` has proven the file undamaged.  The order follows what
+Run after `format` has proven the file undamaged.  The order follows what
 an operator needs to hear first: the code and experiment identity, then the
-runtime, then the structure and values of the state.
+runtime, then the structure and values of the state.  `check_manifest` needs
+only the header, so a restore can refuse another experiment's tree before it
+allocates anything for the data; `validate` adds the values.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from jobwarden.checkpoint.errors import (
     StepOutOfRange,
     TreeMismatch,
 )
-from jobwarden.checkpoint.format import Checkpoint, LeafSpec, Manifest
+from jobwarden.checkpoint.format import Checkpoint
+from jobwarden.checkpoint.manifest import LeafSpec, Manifest
 
 
 @dataclass(frozen=True)
@@ -43,10 +46,8 @@ class Expected:
     generation: int
 
 
-CHECKS = (
-    "readable",
-    "checksum",
-    "schema",
+# The checks after the container's own (readable, checksum, signature, schema).
+COMPATIBILITY_CHECKS = (
     "source",
     "config",
     "data",
@@ -125,7 +126,13 @@ def check_step(path: str, step: int, max_step: int, step_from_name: int | None =
 def validate(checkpoint: Checkpoint, expected: Expected, step_from_name: int) -> tuple[str, ...]:
     """Raise the first `IncompatibleCheckpoint` that applies; return the checks passed."""
     path = str(checkpoint.path)
-    manifest = checkpoint.manifest
+    check_manifest(path, checkpoint.manifest, expected, step_from_name)
+    check_finite(path, checkpoint)
+    return (*checkpoint.checks, *COMPATIBILITY_CHECKS)
+
+
+def check_manifest(path: str, manifest: Manifest, expected: Expected, step_from_name: int) -> None:
+    """Raise the first `IncompatibleCheckpoint` the header alone shows, in `validate` order."""
     prov = manifest.provenance
     if prov.source_hash != expected.source_hash:
         raise SourceMismatch(path, "source_hash", prov.source_hash, expected.source_hash)
@@ -182,6 +189,10 @@ def validate(checkpoint: Checkpoint, expected: Expected, step_from_name: int) ->
                 f"requested {wanted.dtype}",
             )
     check_step(path, manifest.step, expected.max_step, step_from_name)
+
+
+def check_finite(path: str, checkpoint: Checkpoint) -> None:
+    """Raise `NonFiniteState` naming the first floating-point leaf that holds NaN or infinity."""
     for leaf_path, array in checkpoint.leaves():
         if np.issubdtype(array.dtype, np.inexact) or array.dtype.name == "bfloat16":
             finite = np.isfinite(
@@ -196,4 +207,3 @@ def validate(checkpoint: Checkpoint, expected: Expected, step_from_name: int) ->
                     "all finite",
                     message=f"{leaf_path} holds {bad} non-finite value(s)",
                 )
-    return CHECKS

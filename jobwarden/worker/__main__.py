@@ -1,5 +1,8 @@
 """``python -m jobwarden.worker --job FILE --checkpoint-dir DIR``: run one attempt of a job.
 
+``--signing-key FILE`` signs every checkpoint and refuses unsigned or wrongly
+signed ones on restore; ``--compile-cache DIR`` keeps compiled code across attempts.
+
 Events go to stdout as JSON lines, human output to stderr; the exit status
 names the outcome (docs/worker.md lists them).  The CPU determinism pins are
 set here, before JAX is imported.
@@ -15,6 +18,7 @@ from pathlib import Path
 
 from jobwarden import testfaults
 from jobwarden.checkpoint.lock import WriterLock
+from jobwarden.checkpoint.signing import load_key
 from jobwarden.errors import JobwardenError
 from jobwarden.events import Emitter
 from jobwarden.jobfile import load_job
@@ -40,10 +44,17 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get(CACHE_ENV),
         help=f"a private JAX compilation cache directory (or ${CACHE_ENV})",
     )
+    parser.add_argument(
+        "--signing-key",
+        type=Path,
+        help="sign checkpoints with HMAC-SHA256 under the key in FILE (ours, mode 0600), "
+        "and restore only checkpoints signed with it",
+    )
     args = parser.parse_args(argv)
     emitter = Emitter(sys.stdout)
     try:
         job = load_job(args.job)
+        key = load_key(args.signing_key) if args.signing_key is not None else None
     except JobwardenError as error:
         return emitter.failed(error)
     directory = args.checkpoint_dir.absolute()
@@ -60,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     from jobwarden.worker.loop import run_attempt
 
     cache = Path(args.compile_cache) if args.compile_cache else None
-    return run_attempt(job, directory, emitter, lock, cache)
+    return run_attempt(job, directory, emitter, lock, cache, signing_key=key)
 
 
 def exit_now(status: int) -> None:

@@ -6,8 +6,15 @@ import sys
 from pathlib import Path
 
 
-def worker_argv(job_file: Path, checkpoint_dir: Path, cache: Path | None = None) -> list[str]:
+def worker_argv(
+    job_file: Path,
+    checkpoint_dir: Path,
+    cache: Path | None = None,
+    signing_key: Path | None = None,
+) -> list[str]:
     """``python -m jobwarden.worker`` for one attempt, exactly as an operator would type it.
+
+    ``signing_key`` is the key file's path (the key itself never goes on a command line).
 
     ``-P`` keeps the current directory off ``sys.path``, so a ``jobwarden/`` folder
     wherever the worker happens to start cannot shadow the installed package.
@@ -22,4 +29,8 @@ def worker_argv(job_file: Path, checkpoint_dir: Path, cache: Path | None = None)
         "--checkpoint-dir",
         str(checkpoint_dir),
     ]
-    return argv + (["--compile-cache", str(cache)] if cache is not None else [])
+    if cache is not None:
+        argv += ["--compile-cache", str(cache)]
+    if signing_key is not None:
+        argv += ["--signing-key", str(signing_key)]
+    return argv

@@ -146,15 +146,23 @@ def expected_for(job: Job, data: dict[str, Any], template: State, generation: in
 
 
 def run_attempt(
-    job: Job, directory: Path, emitter: Emitter, lock: WriterLock, compile_cache: Path | None = None
+    job: Job,
+    directory: Path,
+    emitter: Emitter,
+    lock: WriterLock,
+    compile_cache: Path | None = None,
+    *,
+    signing_key: bytes | None = None,
 ) -> int:
-    """Run one attempt holding ``lock`` (the directory's writer lock); returns the exit status."""
+    """Run one attempt holding ``lock`` (the directory's writer lock); returns the exit status.
+
+    With ``signing_key`` checkpoints are signed and only correctly signed ones restored.
+    """
     preemption = Preemption()
     preemption.install()
     try:
-        return _run(
-            job, directory, emitter, lock, compile_cache=compile_cache, preemption=preemption
-        )
+        store = CheckpointStore(directory, lock, signing_key)
+        return _run(job, store, emitter, lock, compile_cache=compile_cache, preemption=preemption)
     except JobwardenError as error:
         return emitter.failed(error)
     except SupervisorGone:
@@ -173,7 +181,7 @@ def run_attempt(
 
 def _run(
     job: Job,
-    directory: Path,
+    store: CheckpointStore,
     emitter: Emitter,
     lock: WriterLock,
     *,
@@ -190,13 +198,14 @@ def _run(
         runtime=runtime_identity(),
         job=job.id,
         task=job.task,
-        checkpoint_dir=str(directory),
+        checkpoint_dir=str(store.directory),
+        signing=store.signing_key is not None,
     )
     task = job.task_instance()
     data = task.data()
     template = task.init_state(data)
     expected = expected_for(job, data, template, lock.generation)
-    store = CheckpointStore(directory)
+    directory = store.directory
     training = TrainingRun(job, store, emitter, expected, FaultPlan(job.faults, emitter))
 
     policy = job.run.resume
