@@ -4,12 +4,15 @@ Each failure opens an incident.  Its record is a structlog JSON line
 appended to ``ROOT/incidents.jsonl`` and ``jobs/<id>/incidents.jsonl`` each
 time it changes (opened, recovery point found, verified or escalated), and
 its latest form is kept as ``jobs/<id>/incidents/<incident>.json`` beside the
-Markdown runbook ``<incident>.md``.
+Markdown runbook ``<incident>.md``.  Every one of these files is mode 0600 and
+the ``incidents/`` folder 0700, whatever the umask; the record files are opened
+without following a link.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -20,6 +23,7 @@ import structlog
 
 from jobwarden.daemon.layout import Root
 from jobwarden.daemon.policy import IncidentKind
+from jobwarden.daemon.rootcheck import PRIVATE_FILE, PRIVATE_FOLDER, open_private
 
 if TYPE_CHECKING:
     from jobwarden.daemon.jobs import JobRecord
@@ -180,7 +184,8 @@ class IncidentLog:
     def _logger(self, path: Path) -> Any:
         stream = self._files.get(path)
         if stream is None:
-            stream = path.open("a", encoding="utf-8")
+            fd = open_private(path, os.O_WRONLY | os.O_APPEND)
+            stream = os.fdopen(fd, "a", encoding="utf-8")
             self._files[path] = stream
         return structlog.wrap_logger(
             structlog.PrintLogger(stream),
@@ -197,7 +202,7 @@ class IncidentLog:
     def write(self, incident: Incident, event: str) -> None:
         """Append the record as ``event`` and refresh the snapshot and runbook."""
         folder = self.folder(incident)
-        folder.mkdir(exist_ok=True)
+        folder.mkdir(mode=PRIVATE_FOLDER, exist_ok=True)
         record = incident.as_record()
         for path in (self.root.incidents, self.root.job(incident.job) / "incidents.jsonl"):
             self._logger(path).info(event, **{"incident": record.pop("id", incident.id), **record})
@@ -205,8 +210,9 @@ class IncidentLog:
         write_text_atomic(
             folder / f"{incident.id}.json",
             json.dumps(incident.as_record(), indent=2, default=str) + "\n",
+            mode=PRIVATE_FILE,
         )
-        write_text_atomic(folder / f"{incident.id}.md", render_runbook(incident))
+        write_text_atomic(folder / f"{incident.id}.md", render_runbook(incident), mode=PRIVATE_FILE)
 
     def open(self, record: JobRecord, incident: Incident, event: str) -> None:
         """Register a new incident with its job and count its kind, then write it."""

@@ -11,15 +11,24 @@ ROOT/spool/rejected/         refused requests, each beside <name>.error.json
 ROOT/jobs/<id>/              state.json, request.*, job.json, attempts/<n>/, incidents/
 ROOT/checkpoints/<name>/     checkpoint directories, by name
 ROOT/cache/jax/              the workers' private compilation cache (0700)
+
+The daemon refuses a root it cannot trust (`rootcheck`): the root and every
+folder above it and in it that it uses must be safe from other users, and the
+files it writes there are opened without following links.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobwarden.daemon import rootcheck
+from jobwarden.daemon.rootcheck import RootUnsafeError
 from jobwarden.errors import JobwardenError
-from jobwarden.files import pid_lock
+from jobwarden.files import Directory, UnsafePathError
+
+__all__ = ["Root", "RootLockedError", "RootUnsafeError"]
 
 
 class RootLockedError(JobwardenError):
@@ -89,28 +98,84 @@ class Root:
         """The folder of one job."""
         return self.jobs / job_id
 
-    def create(self) -> None:
-        """Create every folder (the root itself 0700 unless it exists)."""
-        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for folder in (
+    @property
+    def lock_file(self) -> Path:
+        """The root lock."""
+        return self.path / "wardend.lock"
+
+    @property
+    def folders(self) -> tuple[Path, ...]:
+        """The root and every folder the daemon uses in it, each after its parent."""
+        spool, cache = self.path / "spool", self.path / "cache"
+        return (
+            self.path,
+            spool,
             self.spool_tmp,
             self.incoming,
             self.claimed,
             self.rejected,
             self.jobs,
             self.checkpoints,
-        ):
-            folder.mkdir(parents=True, exist_ok=True)
-        self.cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.cache.chmod(0o700)
+            cache,
+            self.cache,
+        )
+
+    def create(self) -> None:
+        """Create what is missing (each new folder 0700, the cache tightened to 0700), then
+        `check` it all; raises `RootUnsafeError` on anything another user could control."""
+        rootcheck.check_ancestors(self.path, missing_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for folder in self.folders:
+            rootcheck.make_folder(folder)
+        rootcheck.make_private_folder(self.cache)
+        self.check()
+
+    def check(self) -> None:
+        """Refuse the root unless it, each folder above it and each folder and file the
+        daemon uses in it is safe from other users; raises `RootUnsafeError` naming the
+        first path that is not, its owner and its mode."""
+        rootcheck.check_ancestors(self.path)
+        for folder in self.folders:
+            rootcheck.check_folder(folder)
+        for file in (self.lock_file, self.log, self.incidents):
+            rootcheck.check_file(file)
 
     def lock(self) -> int:
-        """Take the root lock; raises `RootLockedError` naming the pid that holds it."""
-        fd, holder = pid_lock(self.path / "wardend.lock")
-        if fd is None:
+        """Take the root lock and return its descriptor (the caller keeps it open).
+
+        The lock is ``flock`` on the root directory itself, so deleting or
+        replacing ``wardend.lock`` hands it to nobody; that file only records the
+        holder's pid for the refusal message.  Raises `RootLockedError` naming the
+        pid that holds it, or `RootUnsafeError` for a root that is not ours.
+        """
+        try:
+            rootcheck.check_file(self.lock_file)
+            directory = Directory.open(self.path)
+        except RootUnsafeError:
+            raise
+        except UnsafePathError as error:
+            evidence = {k: v for k, v in error.evidence.items() if k not in ("path", "reason")}
+            raise RootUnsafeError(error.path, error.reason, **evidence) from error
+        if not directory.try_lock():
+            holder = _holder(directory)
+            directory.close()
             raise RootLockedError(
                 f"another wardend (pid {holder or '?'}) already runs on {self.path}",
                 root=str(self.path),
                 holder_pid=holder,
             )
-        return fd
+        try:
+            directory.write_atomic(self.lock_file.name, f"{os.getpid()}\n".encode())
+        except (UnsafePathError, OSError):
+            directory.close()
+            raise
+        return directory.fd
+
+
+def _holder(directory: Directory) -> int | None:
+    """The pid recorded in ``wardend.lock``, if it can be read."""
+    try:
+        text = directory.read_small("wardend.lock", 64).decode(errors="replace").strip()
+    except (UnsafePathError, OSError):
+        return None
+    return int(text) if text.isdigit() else None

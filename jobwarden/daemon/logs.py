@@ -1,12 +1,15 @@
-"""The daemon's log: structlog JSON lines to stderr and to ``ROOT/wardend.log``."""
+"""The daemon's log: structlog JSON lines to stderr and to ``ROOT/wardend.log`` (mode 0600)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import IO
 
 import structlog
+
+from jobwarden.daemon.rootcheck import open_private
 
 
 class Tee:
@@ -28,8 +31,12 @@ class Tee:
 
 
 def configure(log_file: Path) -> IO[str]:
-    """Route structlog to stderr and ``log_file``; returns the opened file (close it at exit)."""
-    stream = log_file.open("a", encoding="utf-8", buffering=1)
+    """Route structlog to stderr and ``log_file``; returns the opened file (close it at exit).
+
+    The file is opened without following a link and kept mode 0600 whatever the umask.
+    """
+    fd = open_private(log_file, os.O_WRONLY | os.O_APPEND)
+    stream = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

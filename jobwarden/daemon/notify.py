@@ -6,6 +6,9 @@ daemon's own loop (a blocked loop stops pinging, so systemd restarts it), and
 ``STOPPING=1`` on shutdown.  Abstract-namespace addresses (``@name``) are
 supported, and ``WATCHDOG_USEC`` is honoured only when ``WATCHDOG_PID`` is
 unset or names this process.  Without ``$NOTIFY_SOCKET`` every call is a no-op.
+
+Those variables are the daemon's alone: `child_environment` gives workers an
+allow-listed environment that leaves them, and everything else unlisted, out.
 """
 
 from __future__ import annotations
@@ -13,8 +16,6 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
-
-NOTIFY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 
 
 class Notifier:
@@ -68,6 +69,46 @@ class Notifier:
         return self.send("STOPPING=1", f"STATUS={status}")
 
 
+WORKER_ENV = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "PYTHONPATH",
+        "PYTHONHASHSEED",
+        "PYTHONUNBUFFERED",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONIOENCODING",
+        "PYTHONUTF8",
+        "PYTHONWARNINGS",
+        "OMP_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "TF_CPP_MIN_LOG_LEVEL",
+        "JOBWARDEN_TEST_FAULT",
+        "JOBWARDEN_COMPILE_CACHE",
+    }
+)
+"""The daemon's variables a worker inherits by name (docs/daemon.md, "Worker environment")."""
+
+WORKER_ENV_PREFIXES = ("LC_", "JAX_", "XLA_")
+"""... and by prefix: the locale, and JAX's and XLA's own knobs."""
+
+
 def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment for workers: without the notify variables, which are the daemon's."""
-    return {k: v for k, v in environ.items() if k not in NOTIFY_ENV}
+    """The environment for workers: only the allow-listed variables of ``environ``.
+
+    Everything else stays with the daemon: credentials and other secrets, the
+    notify variables (which are the daemon's), the client's ``JOBWARDEN_ROOT``
+    and ``JOBWARDEN_SOCKET``.  The launcher adds ``JOBWARDEN_SUPERVISOR_PID``.
+    """
+    return {
+        name: value
+        for name, value in environ.items()
+        if name in WORKER_ENV or name.startswith(WORKER_ENV_PREFIXES)
+    }
