@@ -51,7 +51,8 @@ class Daemon:
         ]
         if self.cache is not None:
             argv += ["--compile-cache", str(self.cache)]
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, exist_ok=True)
         stderr = self.root.parent / f"{self.root.name}.stderr"
         with stderr.open("ab") as err:
             proc = self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 
+from jobwarden.daemon.evidence import open_evidence
 from jobwarden.daemon.launcher import (
     LINE_LIMIT,
     ExitInfo,
@@ -68,8 +69,8 @@ class BashLauncher(Launcher):
 
     async def start(self, spec: LaunchSpec) -> BashAttempt:
         """Start the attempt through bash."""
-        spec.folder.mkdir(parents=True, exist_ok=True)
-        with (spec.folder / "stderr.log").open("ab") as stderr:
+        spec.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open_evidence(spec.folder / "stderr.log") as stderr:
             proc = await asyncio.create_subprocess_exec(
                 "bash",
                 "-c",

@@ -23,15 +23,19 @@ from jobwarden.worker.command import worker_argv
 CPU_MARK_EVERY_S = 0.5
 
 
-def prepare(root: Root, record: JobRecord, cache: Path, env: dict[str, str]) -> LaunchSpec:
+def prepare(
+    root: Root, record: JobRecord, cache: Path, signing_key: Path | None, env: dict[str, str]
+) -> LaunchSpec:
     """Write the attempt's folder and job file (faults only in the first attempt), and the
     launch spec running the worker on them."""
-    folder = root.job(record.id) / "attempts" / str(record.attempt)
-    folder.mkdir(parents=True, exist_ok=True)
+    attempts = root.job(record.id) / "attempts"
+    attempts.mkdir(mode=0o700, exist_ok=True)
+    folder = attempts / str(record.attempt)
+    folder.mkdir(mode=0o700, exist_ok=True)
     job = record.job if record.attempt == 1 else record.job.without_faults()
     job_file = folder / "job.json"
     write_text_atomic(job_file, json.dumps(job.to_record(), indent=2) + "\n")
-    argv = worker_argv(job_file, root.checkpoints / record.checkpoint, cache)
+    argv = worker_argv(job_file, root.checkpoints / record.checkpoint, cache, signing_key)
     return LaunchSpec(record.id, record.attempt, folder, argv, dict(env))
 
 

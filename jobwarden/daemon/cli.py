@@ -8,9 +8,10 @@ import os
 import sys
 from pathlib import Path
 
+from jobwarden.checkpoint.signing import load_key
 from jobwarden.daemon import launcher, logs
 from jobwarden.daemon.core import Options, Wardend
-from jobwarden.daemon.layout import Root, RootLockedError
+from jobwarden.daemon.layout import Root
 from jobwarden.errors import JobwardenError
 
 
@@ -58,6 +59,12 @@ def parser() -> argparse.ArgumentParser:
         help="how attempts are started: a name from the jobwarden.launchers entry points, "
         "or module:attribute",
     )
+    ap.add_argument(
+        "--signing-key",
+        type=Path,
+        help="a private key file (0600): workers sign every checkpoint with HMAC-SHA256 and "
+        "refuse one whose signature is missing or wrong",
+    )
     return ap
 
 
@@ -66,14 +73,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         chosen = launcher.load(args.launcher)
+        if args.signing_key is not None:
+            load_key(args.signing_key.absolute())
     except JobwardenError as error:
         sys.stderr.write(f"wardend: {error.message}\n")
         return error.exit_status
+    # Whatever the root's mode, everything the daemon creates is private to its user.
+    os.umask(0o077)
     root = Root(args.root.absolute())
-    root.create()
     try:
+        root.create()
         lock = root.lock()
-    except RootLockedError as error:
+    except JobwardenError as error:  # RootUnsafeError, RootLockedError
         sys.stderr.write(f"wardend: {error.message}\n")
         return error.exit_status
     stream = logs.configure(root.log)
@@ -86,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_cache=args.compile_cache.absolute() if args.compile_cache else None,
         control_timeout_s=args.control_timeout,
         launcher=args.launcher,
+        signing_key=args.signing_key.absolute() if args.signing_key else None,
     )
     try:
         return asyncio.run(Wardend(root, options, chosen).run())

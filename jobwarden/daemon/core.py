@@ -24,6 +24,7 @@ import structlog
 from jobwarden import __version__, testfaults
 from jobwarden.daemon import commands, notify, spool
 from jobwarden.daemon.incidents import IncidentLog
+from jobwarden.daemon.intake import Intake, Taken
 from jobwarden.daemon.jobs import JobRecord, JobTable
 from jobwarden.daemon.launcher import Launcher
 from jobwarden.daemon.layout import Root
@@ -52,12 +53,14 @@ class Options:
     compile_cache: Path | None = None
     control_timeout_s: float = 5.0
     launcher: str = "local"
+    signing_key: Path | None = None
 
 
 class Wardend:
     """The supervisor daemon of one root."""
 
     _services: Services
+    intake_queue: Intake
 
     def __init__(self, root: Root, options: Options, launcher: Launcher | None = None) -> None:
         self.root = root
@@ -99,12 +102,23 @@ class Wardend:
             stats=self.stats,
             clock=loop,
             compile_cache=self.options.compile_cache or self.root.cache,
+            signing_key=self.options.signing_key,
             environment=notify.child_environment(os.environ),
             spawn=self._spawn,
             owner_of=self._owner_of,
             on_settled=self._settled,
         )
         self._resume_from_disk()
+
+        def admit(taken: Job | spool.Rejection) -> None:  # on the loop, once it is durable
+            if isinstance(taken, spool.Rejection):
+                self.stats.intake_rejected += 1
+                return
+            self.stats.intake_accepted += 1
+            self.queue.append(self.table.adopt(taken.id).id)
+            self.schedule()
+
+        self.intake_queue = Intake(self.spool, admit)
 
         def enqueue(path: Path) -> None:
             loop.call_soon_threadsafe(self.intake, path)
@@ -128,6 +142,7 @@ class Wardend:
             version=__version__,
         )
         await self.stopping.wait()
+        await self.intake_queue.close()
         await self._shutdown()
         observer.stop()
         observer.join(5)
@@ -174,29 +189,16 @@ class Wardend:
 
     # ---- intake and scheduling
 
-    def intake(self, path: Path) -> Job | spool.Rejection | None:
-        """Claim and validate one request file (called on the loop); returns the outcome."""
-        if self.shutting_down:
-            return None
-        try:
-            taken = self.spool.take(path)
-        except OSError as error:
-            log.error("spool.error", file=str(path), error=repr(error))
-            return None
-        if taken is None:
-            return None
-        if isinstance(taken, spool.Rejection):
-            self.stats.intake_rejected += 1
-            return taken
-        self.stats.intake_accepted += 1
-        self.table.add(taken)
-        self.queue.append(taken.id)
-        self.schedule()
-        return taken
+    def intake(self, path: Path) -> asyncio.Future[Taken]:
+        """Queue one request file for intake (on the loop); the future holds its outcome.
+
+        The intake thread claims, validates and persists it (`Intake`);
+        ``admit`` in `run` registers and queues an accepted job on the loop.
+        """
+        return self.intake_queue.put(path)
 
     def _rescan(self) -> None:
-        for path in spool.pending_requests(self.root):
-            self.intake(path)
+        self.intake_queue.rescan()
 
     def schedule(self) -> None:
         """Hand queued jobs to new supervisors, first in first out, while slots are free."""

@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 
 from jobwarden.checkpoint.store import CheckpointStore
+from jobwarden.daemon import evidence
 from jobwarden.daemon.attempt import Attempt
 from jobwarden.daemon.incidents import Incident
 from jobwarden.daemon.jobs import JobRecord
@@ -324,11 +325,14 @@ async def stall_evidence(
     offset = stderr_path.stat().st_size if stderr_path.exists() else 0
     attempt.running.signal(signal.SIGUSR1)
     await asyncio.sleep(STACK_DUMP_WAIT_S)
-    with stderr_path.open("rb") as stream:
-        stream.seek(offset)
-        dump = stream.read(64 * 1024).decode(errors="replace")
+    try:
+        with stderr_path.open("rb") as stream:
+            stream.seek(offset)
+            dump = stream.read(64 * 1024).decode(errors="replace")
+    except OSError as error:
+        dump = f"(no stack dump: {evidence.describe(error)})"
     dump_path = attempt.folder / "stack-dump.txt"
-    dump_path.write_text(dump)
+    evidence.keep(dump_path, dump)
     log.warning(
         "attempt.stalled",
         job=attempt.record.id,

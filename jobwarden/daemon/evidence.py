@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 import structlog
 
@@ -62,6 +63,12 @@ class EvidenceFile:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def open_evidence(path: Path) -> BinaryIO:
+    """Open an append-only evidence file for a child's output: 0600, never through a link."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    return os.fdopen(os.open(path, flags, 0o600), "ab")
 
 
 def keep(path: Path, text: str) -> str | None:

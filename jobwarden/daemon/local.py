@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 import structlog
 
+from jobwarden.daemon.evidence import open_evidence
 from jobwarden.daemon.launcher import (
     LINE_LIMIT,
     ExitInfo,
@@ -132,9 +133,9 @@ class LocalLauncher(Launcher):
                 f"the local launcher runs one process per attempt, not {spec.processes}",
                 processes=spec.processes,
             )
-        spec.folder.mkdir(parents=True, exist_ok=True)
+        spec.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         env = {**spec.env, SUPERVISOR_ENV: str(os.getpid())}
-        with (spec.folder / "stderr.log").open("ab") as stderr:
+        with open_evidence(spec.folder / "stderr.log") as stderr:
             proc = await asyncio.create_subprocess_exec(
                 *spec.argv,
                 stdin=asyncio.subprocess.DEVNULL,

@@ -24,7 +24,12 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from jobwarden.checkpoint.errors import IncompatibleCheckpoint, NoUsableCheckpoint
+from jobwarden.checkpoint import signing  # noqa: F401 - registers UnsafeSigningKey's code
+from jobwarden.checkpoint.errors import (
+    CheckpointDiskFull,
+    IncompatibleCheckpoint,
+    NoUsableCheckpoint,
+)
 from jobwarden.errors import (
     JobFileError,
     JobwardenError,
@@ -33,6 +38,7 @@ from jobwarden.errors import (
     UnsafeCacheError,
     WriterLockedError,
 )
+from jobwarden.files import UnsafePathError
 
 if TYPE_CHECKING:
     from jobwarden.daemon.jobs import JobRecord
@@ -60,6 +66,8 @@ class IncidentKind(enum.StrEnum):
     RESUME_POLICY = "resume_policy"
     UNSAFE_CACHE = "unsafe_cache"
     DUPLICATE_WRITER = "duplicate_writer"
+    UNSAFE_PATH = "unsafe_path"
+    DISK_FULL = "disk_full"
     CORRUPT_CHECKPOINT = "corrupt_checkpoint"
     INCOMPATIBLE_CHECKPOINT = "incompatible_checkpoint"
     REPLAY_MISMATCH = "replay_mismatch"
@@ -80,14 +88,17 @@ def _codes(base: type[JobwardenError]) -> frozenset[str]:
 
 
 # Worker refusals that escalate to a person, and the kind of incident each is: a
-# restart would meet the same refusal.  Corrupt files are not here: the worker
-# quarantines them and falls back by itself, and only `NoUsableCheckpoint` is final.
+# restart would meet the same refusal (a full disk included: no restart loop).
+# Corrupt files are not here: the worker quarantines them and falls back by
+# itself, and only `NoUsableCheckpoint` is final.
 ESCALATING_CODES: dict[str, IncidentKind] = {
     JobFileError.code: K.INVALID_REQUEST,
     ResumePolicyError.code: K.RESUME_POLICY,
     UnsafeCacheError.code: K.UNSAFE_CACHE,
-    WriterLockedError.code: K.DUPLICATE_WRITER,
     NoUsableCheckpoint.code: K.CORRUPT_CHECKPOINT,
+    CheckpointDiskFull.code: K.DISK_FULL,
+    **dict.fromkeys({WriterLockedError.code, *_codes(WriterLockedError)}, K.DUPLICATE_WRITER),
+    **dict.fromkeys({UnsafePathError.code, *_codes(UnsafePathError)}, K.UNSAFE_PATH),
     **dict.fromkeys(_codes(IncompatibleCheckpoint), K.INCOMPATIBLE_CHECKPOINT),
 }
 ESCALATING_KINDS = frozenset({*ESCALATING_CODES.values(), K.REPLAY_MISMATCH})

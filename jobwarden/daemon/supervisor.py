@@ -51,6 +51,7 @@ class Services:
     stats: Stats
     clock: Clock
     compile_cache: Path
+    signing_key: Path | None
     environment: dict[str, str]
     spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
     owner_of: Callable[[JobRecord], JobRecord | None]
@@ -82,7 +83,7 @@ class JobSupervisor:
             return
         record.attempt += 1
         number = record.attempt
-        spec = prepare(s.root, record, s.compile_cache, s.environment)
+        spec = prepare(s.root, record, s.compile_cache, s.signing_key, s.environment)
         if record.state is S.QUEUED:
             s.table.transition(record, S.STARTING, f"attempt {number} launched")
         try:
