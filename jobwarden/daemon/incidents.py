@@ -1,6 +1,6 @@
 """Incidents: a structured record and a runbook, written from the actual trace.
 
-Each failure opens an incident.  Its record is a structlog JSON line
+Each failure opens an incident.  Its record is a JSON line
 appended to ``ROOT/incidents.jsonl`` and ``jobs/<id>/incidents.jsonl`` each
 time it changes (opened, recovery point found, verified or escalated), and
 its latest form is kept as ``jobs/<id>/incidents/<incident>.json`` beside the
@@ -11,16 +11,18 @@ without following a link.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from jobwarden.daemon.evidence import describe
 from jobwarden.daemon.layout import Root
 from jobwarden.daemon.policy import IncidentKind
 from jobwarden.daemon.rootcheck import PRIVATE_FILE, PRIVATE_FOLDER, open_private
@@ -28,6 +30,8 @@ from jobwarden.daemon.rootcheck import PRIVATE_FILE, PRIVATE_FOLDER, open_privat
 if TYPE_CHECKING:
     from jobwarden.daemon.jobs import JobRecord
 from jobwarden.files import write_text_atomic
+
+log = structlog.get_logger("wardend.incidents")
 
 
 @dataclass
@@ -179,34 +183,53 @@ class IncidentLog:
     def __init__(self, root: Root) -> None:
         self.root = root
         self.kinds: Counter[str] = Counter()
-        self._files: dict[Path, TextIO] = {}
+        self._files: dict[Path, int] = {}
+        self.unwritten: dict[str, Incident] = {}
 
-    def _logger(self, path: Path) -> Any:
-        stream = self._files.get(path)
-        if stream is None:
+    def _append(self, path: Path, line: bytes) -> None:
+        fd = self._files.get(path)
+        if fd is None:
             fd = open_private(path, os.O_WRONLY | os.O_APPEND)
-            stream = os.fdopen(fd, "a", encoding="utf-8")
-            self._files[path] = stream
-        return structlog.wrap_logger(
-            structlog.PrintLogger(stream),
-            processors=[
-                structlog.processors.TimeStamper(fmt="iso", utc=True),
-                structlog.processors.JSONRenderer(default=str),
-            ],
-        )
+            self._files[path] = fd
+        view = memoryview(line)
+        while view:
+            view = view[os.write(fd, view) :]
 
     def folder(self, incident: Incident) -> Path:
         """The job's incidents folder."""
         return self.root.job(incident.job) / "incidents"
 
     def write(self, incident: Incident, event: str) -> None:
-        """Append the record as ``event`` and refresh the snapshot and runbook."""
+        """Append the record as ``event`` and refresh the snapshot and runbook.
+
+        An I/O error (a full or failing disk) is logged, never raised: the
+        incident is kept in `unwritten` and `retry` writes it once the disk
+        takes bytes again, so a job's supervision never stops on its evidence.
+        """
+        try:
+            self._write(incident, event)
+        except OSError as error:
+            self.unwritten[incident.id] = incident
+            log.error(
+                "incident.write_failed", incident=incident.id, event=event, error=describe(error)
+            )
+        else:
+            self.unwritten.pop(incident.id, None)
+
+    def retry(self) -> None:
+        """Write again each incident whose last write failed."""
+        for incident in list(self.unwritten.values()):
+            self.write(incident, "incident.rewritten")
+
+    def _write(self, incident: Incident, event: str) -> None:
         folder = self.folder(incident)
         folder.mkdir(mode=PRIVATE_FOLDER, exist_ok=True)
         record = incident.as_record()
+        stamp = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+        line = {"incident": record.pop("id"), **record, "event": event, "timestamp": stamp}
+        encoded = (json.dumps(line, default=str) + "\n").encode()
         for path in (self.root.incidents, self.root.job(incident.job) / "incidents.jsonl"):
-            self._logger(path).info(event, **{"incident": record.pop("id", incident.id), **record})
-            record = incident.as_record()
+            self._append(path, encoded)
         write_text_atomic(
             folder / f"{incident.id}.json",
             json.dumps(incident.as_record(), indent=2, default=str) + "\n",
@@ -243,6 +266,6 @@ class IncidentLog:
 
     def close(self) -> None:
         """Close the open record files."""
-        for stream in self._files.values():
-            stream.close()
+        for fd in self._files.values():
+            os.close(fd)
         self._files.clear()
