@@ -223,6 +223,17 @@ def failure_incident(
     incident.details["last_progress_time"] = plan.last_progress_time
     if attempt.failure is not None:
         incident.details["failure"] = dict(attempt.failure.fields)
+    events = attempt.running.events
+    if events.lost_bytes:
+        incident.details["evidence_lost"] = {
+            "file": str(events.path),
+            "bytes": events.lost_bytes,
+            "error": events.error,
+        }
+        incident.symptom += (
+            f" {events.lost_bytes} bytes of its events could not be kept in {events.path}: "
+            f"{events.error}; the replay proof can only use what was kept."
+        )
     incident.prevention = prevention(attempt, kind, incident)
     return incident
 
