@@ -17,8 +17,6 @@ from tests.daemon import Daemon
 WARDENCTL = [sys.executable, "-m", "jobwarden.control.cli"]
 SVG = "{http://www.w3.org/2000/svg}"
 
-pytestmark = pytest.mark.slow
-
 
 def drill(*args: str) -> subprocess.CompletedProcess[str]:
     """Run wardenctl drill with ``args``."""
@@ -35,11 +33,10 @@ def series(svg: Path, gid: str) -> list[tuple[float, float]]:
     return list(zip(numbers[0::2], numbers[1::2], strict=True))
 
 
-def test_all_drills_pass_in_one_private_daemon(tmp_path: Path) -> None:
-    """drill all: five drills, one daemon, every check held, evidence kept for each."""
-    # The private daemon compiles into its own root's cache: `wardenctl drill` takes no
-    # --compile-cache, so this one drill cannot share the session's.
-    done = drill("all", "--out", str(tmp_path), "--json")
+@pytest.mark.slow
+def test_all_drills_pass_in_one_private_daemon(tmp_path: Path, compile_cache: Path) -> None:
+    """drill all: five drills at once in one daemon, every check held, evidence kept for each."""
+    done = drill("all", "--out", str(tmp_path), "--json", "--compile-cache", str(compile_cache))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert report["ok"] is True
@@ -49,7 +46,14 @@ def test_all_drills_pass_in_one_private_daemon(tmp_path: Path) -> None:
     assert crash["restored_step"] == 2
     assert crash["replayed_steps"] == [3, 4, 5, 6, 7, 8]
     assert crash["all_hashes_equal"] is True
-    assert len({p.name for p in (tmp_path / "root" / "jobs").iterdir()}) >= 10
+    references = {d["reference"] for d in drills.values()}
+    assert len(references) == 1
+    # The shared reference and the drills' seven jobs (two each for duplicate-writer and
+    # incompatible), all in the one daemon, which compiled into the session's cache.
+    jobs = {p.name for p in (tmp_path / "root" / "jobs").iterdir()}
+    assert len(jobs) == 8
+    assert references <= jobs
+    assert not list((tmp_path / "root").glob("cache/jax/*"))
     for name in drills:
         folder = tmp_path / name
         for evidence in (
@@ -77,8 +81,15 @@ def test_all_drills_pass_in_one_private_daemon(tmp_path: Path) -> None:
     assert 2.0 <= stall["detected_gap_s"] <= 2.25
     refusals = json.loads((tmp_path / "incompatible" / "refusals.json").read_text())
     assert refusals["failed_event"]["fields"] == {"learning_rate": [0.04, 0.05]}
+    writer = {c["name"]: c for c in drills["duplicate-writer"]["checks"]}
+    assert writer["the primary's continuation is exact"]["stopped_as"] == "preempted"
+    assert writer["the primary's continuation is exact"]["restored_steps"] == [2]
+    corrupt = drills["corrupt"]
+    assert corrupt["restored_step"] == 2
+    assert corrupt["checks"][0]["writer_generation"] == 1
 
 
+@pytest.mark.slow
 def test_the_lesson_exercise_through_a_given_daemon(tmp_path: Path, compile_cache: Path) -> None:
     """drill crash --seed 9 --checkpoint-every 3 --fail-after 5 --root DIR: restored 3, exact.
 
@@ -112,6 +123,7 @@ def test_the_lesson_exercise_through_a_given_daemon(tmp_path: Path, compile_cach
     assert checks["final checkpoints are equal"]["ok"] is True
 
 
+@pytest.mark.slow
 def test_a_broken_recovery_fails_the_drill_and_names_the_check(
     tmp_path: Path, compile_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -133,3 +145,25 @@ def test_a_broken_recovery_fails_the_drill_and_names_the_check(
     assert incident["status"] == "escalated"
     assert incident["verification"]["verdict"] == "mismatch"
     assert incident["verification"]["checks"][-1]["what"] == "restored state"
+
+
+def test_compile_cache_is_refused_with_a_given_daemon(tmp_path: Path) -> None:
+    """--compile-cache with --root: a usage error, since that daemon keeps its own cache."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    done = drill("crash", "--root", str(tmp_path / "root"), "--compile-cache", str(cache))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert "--compile-cache" in done.stderr
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_compile_cache_others_may_read_is_refused(tmp_path: Path) -> None:
+    """--compile-cache naming a directory of mode 0755: refused before any daemon starts."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cache.chmod(0o755)
+    done = drill("crash", "--out", str(tmp_path / "out"), "--compile-cache", str(cache))
+    assert done.returncode == 2
+    assert "worker.cache_unsafe" in done.stderr
+    assert "expected 0700" in done.stderr
+    assert not (tmp_path / "out").exists()

@@ -7,7 +7,9 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from jobwarden.control.commands.output import EXIT_OK, EXIT_REFUSED, emit
+from jobwarden.control.commands.output import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit
+from jobwarden.errors import UnsafeCacheError
+from jobwarden.worker.runtime import check_private_directory
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
@@ -24,7 +26,20 @@ def cmd_drill(args: argparse.Namespace) -> int:
     )
     names = list(drill.DRILLS) if args.drill == "all" else [args.drill]
     root = Path(args.root) if args.root else None
-    results = drill.run_drills(names, root, Path(args.out), params)
+    cache: Path | None = args.compile_cache
+    if cache is not None:
+        if root is not None:
+            sys.stderr.write(
+                "wardenctl: --compile-cache is the private daemon's; the daemon of --root "
+                "keeps its own\n"
+            )
+            return EXIT_USAGE
+        try:
+            cache = check_private_directory(cache.absolute())
+        except UnsafeCacheError as error:
+            sys.stderr.write(f"wardenctl: {error.code}: {error.message}\n")
+            return EXIT_USAGE
+    results = drill.run_drills(names, root, Path(args.out), params, compile_cache=cache)
     if args.json:
         records = [r.as_record() for r in results]
         emit(

@@ -1,27 +1,20 @@
-"""What every drill needs: a daemon to talk to, job files to drop, evidence to keep."""
+"""What every drill needs: job files to drop, the shared reference run, evidence to keep."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from jobwarden.checkpoint import format
 from jobwarden.checkpoint.errors import CheckpointError
-from jobwarden.control import client, verify
-from jobwarden.control.protocol import ControlError
+from jobwarden.control import verify
+from jobwarden.control.drill.daemon import DaemonHandle
+from jobwarden.control.drill.plot import plot_loss
 from jobwarden.events import Event, read_events
-from jobwarden.states import SETTLED
-
-# The states a drill waits for: the daemon will do nothing more for the job on its own.
-SETTLED_STATES = tuple(sorted(state.value for state in SETTLED))
 
 
 @dataclass(frozen=True)
@@ -34,70 +27,6 @@ class DrillParams:
     fail_after: int = 3
     stall_at: int = 5
     task: str = "linreg"
-
-
-class DaemonHandle:
-    """Talks to the daemon of one root, the way an operator would."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def ask(self, cmd: str, **args: Any) -> Any:
-        """One control request."""
-        return client.request(self.root / "control.sock", cmd, **args)
-
-    def submit(self, name: str, text: str) -> None:
-        """Drop a request file: create in spool/tmp, rename into spool/incoming."""
-        tmp = self.root / "spool" / "tmp" / name
-        tmp.write_text(text)
-        os.rename(tmp, self.root / "spool" / "incoming" / name)
-
-    def wait(
-        self, job: str, states: tuple[str, ...] = SETTLED_STATES, timeout: float = 300
-    ) -> dict[str, Any]:
-        """Poll until the job reaches one of ``states``; returns its status."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                status: dict[str, Any] = self.ask("status", job=job)
-                if status["state"] in states:
-                    return status
-            except ControlError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"job {job} did not reach {states} within {timeout} s")
-
-
-@contextmanager
-def daemon_for(root: Path | None, private: Path) -> Iterator[DaemonHandle]:
-    """The daemon at ``root``, or a private one on ``private``, stopped afterwards."""
-    if root is not None:
-        handle = DaemonHandle(root)
-        handle.ask("version")
-        yield handle
-        return
-    private.mkdir(parents=True, exist_ok=True)
-    with (private.parent / "wardend.stderr").open("wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "jobwarden.daemon", "--root", str(private)],
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
-        handle = DaemonHandle(private)
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    handle.ask("version")
-                    break
-                except client.DaemonUnreachable:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
-            yield handle
-        finally:
-            proc.terminate()
-            proc.wait(120)
 
 
 def job_text(
@@ -128,14 +57,47 @@ def job_text(
     return "\n".join(lines) + "\n"
 
 
+class Reference:
+    """The uninterrupted reference run every drill of one `run_drills` compares against.
+
+    It has the drills' own training fields, so one run serves them all: submitted once,
+    and waited for by whichever drill needs it first while the others wait on that.
+    """
+
+    def __init__(self, handle: DaemonHandle, params: DrillParams, job_id: str) -> None:
+        self.handle = handle
+        self.params = params
+        self.id = job_id
+        self._lock = threading.Lock()
+        self._submitted = False
+        self._status: dict[str, Any] | None = None
+
+    def submit(self) -> None:
+        """Drop the reference job into the spool, the first time only."""
+        with self._lock:
+            if not self._submitted:
+                self.handle.submit(f"{self.id}.toml", job_text(self.params, self.id, self.id))
+                self._submitted = True
+
+    def result(self) -> tuple[str, dict[str, Any]]:
+        """The reference job's id and settled status."""
+        self.submit()
+        with self._lock:
+            if self._status is None:
+                self._status = self.handle.wait(self.id)
+            return self.id, self._status
+
+
 @dataclass
 class Drill:
-    """One drill's run: its daemon, its parameters, its evidence folder and its job names."""
+    """One drill's run: its daemon, its parameters, its evidence folder, its job names and
+    the reference it shares with the other drills of the run."""
 
     handle: DaemonHandle
     params: DrillParams
     out: Path
     tag: str
+    shared: Reference
 
     def job_id(self, role: str) -> str:
         """A job id unique to this drill run."""
@@ -165,10 +127,19 @@ class Drill:
         return [e for e in read_events(path) if isinstance(e, Event)] if path.exists() else []
 
     def reference(self) -> tuple[str, dict[str, Any]]:
-        """Submit the uninterrupted reference job and wait for it."""
-        ref = self.job_id("reference")
-        self.handle.submit(f"{ref}.toml", job_text(self.params, ref, ref))
-        return ref, self.handle.wait(ref)
+        """The uninterrupted reference job, once it has settled: its id and status."""
+        return self.shared.result()
+
+    def wait_for_event(self, job: str, kind: str, timeout: float = 120, **fields: Any) -> Event:
+        """The first event of ``kind`` (with ``fields``) of the job's first attempt, once
+        the worker has written it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for event in self.attempt_events(job, 1):
+                if event.kind == kind and all(event.get(k) == v for k, v in fields.items()):
+                    return event
+            self.handle.pause()
+        raise TimeoutError(f"job {job} emitted no {kind} {fields} event within {timeout} s")
 
     def verify(self, reference: str, job: str) -> verify.Report:
         """`wardenctl verify` of the job's attempts against the reference."""
@@ -293,46 +264,7 @@ class Drill:
 
     def plot(self, rows: list[dict[str, Any]], title: str) -> Path | None:
         """loss.svg: the uninterrupted and the restored continuation over the resumed steps."""
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            matplotlib.rcParams["svg.fonttype"] = "none"  # keep labels as searchable text
-            import matplotlib.pyplot as plt
-        except ImportError:
-            return None
-        steps = [r["step"] for r in rows if r["reference_loss"] is not None]
-        if not steps:
-            return None
-        figure, axes = plt.subplots(figsize=(6, 3.6))
-        axes.plot(
-            steps,
-            [r["reference_loss"] for r in rows if r["reference_loss"] is not None],
-            gid="uninterrupted",
-            color="#1f77b4",
-            linewidth=3,
-            alpha=0.6,
-            label="uninterrupted",
-        )
-        axes.plot(
-            steps,
-            [r["resumed_loss"] for r in rows if r["reference_loss"] is not None],
-            gid="restored",
-            color="#d62728",
-            linestyle="--",
-            marker="o",
-            label="restored continuation",
-        )
-        axes.set_xlabel("completed training step")
-        axes.set_ylabel("minibatch loss")
-        axes.set_title(title)
-        axes.set_xticks(steps)
-        axes.legend()
-        figure.tight_layout()
-        path = self.out / "loss.svg"
-        figure.savefig(path, format="svg", metadata={"Date": None})
-        plt.close(figure)
-        return path
+        return plot_loss(rows, title, self.out / "loss.svg")
 
 
 def final_file(events: list[Event]) -> Path | None:

@@ -7,13 +7,19 @@ expected checkpoint and replayed every update after it bit for bit.
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 from typing import Any
 
+from jobwarden.checkpoint.lock import read_generation
 from jobwarden.control.drill.context import Drill, arrays_equal, final_file, job_text
 from jobwarden.control.drill.verdict import Check, Outcome
 
 STALL_TIMEOUT_S = 2.0
 STALL_OVERSHOOT_S = 0.25
+# The corrupt drill's restart backoff, the daemon's default: the drill does not wait it out
+# (it damages the file as soon as it is committed) and checks it was in time.
+CORRUPT_BACKOFF_S = 0.5
 
 
 def _restore_point(step: int, every: int) -> int:
@@ -103,12 +109,12 @@ def _daemon_verified(incidents: list[dict[str, Any]], kind: str) -> tuple[Check,
 def crash(drill: Drill) -> Outcome:
     """The failure after update N, the committed checkpoint chosen, every replayed hash."""
     params = drill.params
-    reference, ref_status = drill.reference()
     job = drill.job_id("crash")
     drill.handle.submit(
         f"{job}.toml", job_text(params, job, job, faults={"fail_after": params.fail_after})
     )
     drill.handle.wait(job)
+    reference, ref_status = drill.reference()
     failure = next((e for e in drill.attempt_events(job, 1) if e.kind == "failed"), None)
     incidents = drill.keep_incidents(job)
     verified, incident = _daemon_verified(incidents, "crash")
@@ -138,7 +144,6 @@ def crash(drill: Drill) -> Outcome:
 def stall(drill: Drill) -> Outcome:
     """A hang before update stall_at+1: detected in time, stack dumped, resumed, verified."""
     params = drill.params
-    reference, _ = drill.reference()
     job = drill.job_id("stall")
     drill.handle.submit(
         f"{job}.toml",
@@ -151,6 +156,7 @@ def stall(drill: Drill) -> Outcome:
         ),
     )
     drill.handle.wait(job)
+    reference, _ = drill.reference()
     incidents = drill.keep_incidents(job)
     verified, incident = _daemon_verified(incidents, "stall")
     details = incident.get("details", {})
@@ -187,11 +193,17 @@ def stall(drill: Drill) -> Outcome:
 
 
 def corrupt(drill: Drill) -> Outcome:
-    """The newest checkpoint damaged on disk: refused by checksum, quarantined, older one used."""
+    """The newest checkpoint damaged on disk: refused by checksum, quarantined, older one used.
+
+    The first attempt commits its newest checkpoint and then only runs on to its failure:
+    it never touches that file again, and the recovery attempt cannot begin before it has
+    failed and its worker has taken the directory's writer lock.  So the file is damaged as
+    soon as its commit is reported, and a check confirms that no other worker had taken the
+    lock by then.
+    """
     params = drill.params
     every = params.checkpoint_every
     fail_after = params.fail_after if params.fail_after >= 2 * every else 2 * every + 1
-    reference, _ = drill.reference()
     job = drill.job_id("corrupt")
     drill.handle.submit(
         f"{job}.toml",
@@ -200,16 +212,22 @@ def corrupt(drill: Drill) -> Outcome:
             job,
             job,
             faults={"fail_after": fail_after},
-            supervision={"restart_backoff_s": 3.0},
+            supervision={"restart_backoff_s": CORRUPT_BACKOFF_S},
         ),
     )
-    drill.handle.wait(job, ("recovering",), timeout=120)
     ck = drill.checkpoint_dir(job)
+    committed = drill.wait_for_event(job, "checkpoint", step=_restore_point(fail_after, every))
     newest = sorted(ck.glob("ckpt-*.safetensors"))[-1]
     damaged = bytearray(newest.read_bytes())
     damaged[-1] ^= 0xFF
     newest.write_bytes(bytes(damaged))
+    reaction_s = time.time() - committed["time"]
+    # A worker chooses its checkpoint holding the directory's writer lock, and each taking of
+    # the lock bumps the generation: still the first attempt's, no recovery has chosen yet.
+    first = next(e for e in drill.attempt_events(job, 1) if e.kind == "ready")["generation"]
+    generation = read_generation(ck)
     drill.handle.wait(job)
+    reference, _ = drill.reference()
     kept = ck / "quarantine" / newest.name
     reason_file = ck / "quarantine" / f"{newest.name}.reason.json"
     reason = json.loads(reason_file.read_text()) if reason_file.exists() else {}
@@ -219,6 +237,16 @@ def corrupt(drill: Drill) -> Outcome:
     verified, incident = _daemon_verified(incidents, "crash")
     drill.write("refusals.json", {"quarantine_reason": reason, "skipped": skipped})
     checks = [
+        Check(
+            "the newest checkpoint was damaged before the recovery attempt could read it",
+            generation == first and Path(committed["file"]).name == newest.name,
+            {
+                "committed": committed["file"],
+                "damaged_s_after_commit": round(reaction_s, 3),
+                "writer_generation": generation,
+                "first_attempt_generation": first,
+            },
+        ),
         Check(
             "the damaged newest checkpoint is refused with the checksum error",
             any(s["file"] == newest.name and s["code"] == "checkpoint.checksum" for s in skipped),

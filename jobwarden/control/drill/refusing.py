@@ -8,21 +8,29 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 from jobwarden.control.drill.context import Drill, arrays_equal, final_file, job_text
+from jobwarden.control.drill.daemon import SETTLED_STATES
 from jobwarden.control.drill.verdict import Check, Outcome
 from jobwarden.errors import WriterLockedError
-from jobwarden.events import Event
 from jobwarden.worker.command import worker_argv
+
+# How long the duplicate-writer drill's primary would hold still if never stopped: far beyond
+# the refusals' few seconds, since the drill stops it as soon as they are in.
+HOLD_S = 300
+STOP_GRACE_S = 0.5
 
 
 def duplicate_writer(drill: Drill) -> Outcome:
-    """A second job and a hand-started worker on a live job's checkpoint are both refused."""
+    """A second job and a hand-started worker on a live job's checkpoint are both refused.
+
+    The primary holds still (an injected stall, far longer than the drill needs) right after
+    committing, so that its checkpoints cannot change while the others try to write; once
+    both are refused, the drill stops it over the control socket and resumes it.
+    """
     params = drill.params
-    reference, _ = drill.reference()
     primary, second = drill.job_id("primary"), drill.job_id("second")
     pause = max(1, params.checkpoint_every)
     drill.handle.submit(
@@ -31,12 +39,12 @@ def duplicate_writer(drill: Drill) -> Outcome:
             params,
             primary,
             primary,
-            faults={"stall_at": pause, "stall_seconds": 8},
-            supervision={"stall_timeout_s": 60},
+            faults={"stall_at": pause, "stall_seconds": HOLD_S},
+            supervision={"stall_timeout_s": 2 * HOLD_S, "stop_grace_s": STOP_GRACE_S},
         ),
     )
     ck = drill.checkpoint_dir(primary)
-    _wait_for_event(drill, primary, "stall_injected")
+    drill.wait_for_event(primary, "stall_injected")
     before = _snapshot(ck)
     drill.handle.submit(f"{second}.toml", job_text(params, second, primary))
     second_status = drill.handle.wait(second, timeout=30)
@@ -53,7 +61,13 @@ def duplicate_writer(drill: Drill) -> Outcome:
     hand_failure: dict[str, Any] = next((e for e in hand_events if e.get("event") == "failed"), {})
     after = _snapshot(ck)
     primary_pid = drill.handle.ask("status", job=primary)["pid"]
+    # The worker sleeps in its injected stall and cannot act on SIGTERM there, so the
+    # daemon's SIGKILL ends it after the grace; it committed before holding, losing nothing.
+    drill.handle.ask("stop", job=primary)
+    stopped = drill.handle.wait(primary, ("preempted", *SETTLED_STATES), timeout=60)
+    drill.handle.ask("resume", job=primary)
     drill.handle.wait(primary)
+    reference, _ = drill.reference()
     second_incidents = drill.keep_incidents(second)
     drill.keep_incidents(primary)
     refusal = next((i for i in second_incidents if i["kind"] == "duplicate_writer"), None)
@@ -110,7 +124,11 @@ def duplicate_writer(drill: Drill) -> Outcome:
         Check(
             "the primary's continuation is exact",
             report.proven,
-            {"failed_verify_checks": [c.name for c in report.checks if not c.ok]},
+            {
+                "failed_verify_checks": [c.name for c in report.checks if not c.ok],
+                "stopped_as": stopped["state"],
+                "restored_steps": report.restored_steps,
+            },
         ),
         Check(
             "final checkpoints are equal",
@@ -130,7 +148,6 @@ def duplicate_writer(drill: Drill) -> Outcome:
 def incompatible(drill: Drill) -> Outcome:
     """A resume with a changed learning rate is refused naming the field; escalated, no fallback."""
     params = drill.params
-    reference, _ = drill.reference()
     first, retry = drill.job_id("original"), drill.job_id("changed-lr")
     drill.handle.submit(
         f"{first}.toml",
@@ -150,6 +167,7 @@ def incompatible(drill: Drill) -> Outcome:
     )
     status = drill.handle.wait(retry)
     after = _snapshot(ck)
+    reference, _ = drill.reference()
     events = drill.events(retry)
     failure = next((e for e in events if e.kind == "failed"), None)
     incidents = drill.keep_incidents(retry)
@@ -204,13 +222,3 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
         for p in sorted(folder.rglob("*"))
         if p.is_file() and p.name.startswith("ckpt-")
     }
-
-
-def _wait_for_event(drill: Drill, job: str, kind: str, timeout: float = 120) -> Event:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for event in drill.attempt_events(job, 1):
-            if event.kind == kind:
-                return event
-        time.sleep(0.05)
-    raise TimeoutError(f"job {job} emitted no {kind} event within {timeout} s")
