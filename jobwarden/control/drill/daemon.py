@@ -88,7 +88,8 @@ def daemon_for(
         handle.ask("version")
         yield handle
         return
-    private.mkdir(parents=True, exist_ok=True)
+    private.parent.mkdir(parents=True, exist_ok=True)
+    private.mkdir(mode=0o700, exist_ok=True)
     argv = [sys.executable, "-m", "jobwarden.daemon", "--root", str(private)]
     if slots is not None:
         argv += ["--max-concurrent", str(slots)]
