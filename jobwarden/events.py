@@ -2,7 +2,9 @@
 
 Every event has ``v`` (the schema version), ``event`` (its kind) and ``time``
 (wall-clock seconds, a record, never used for durations).  `parse_line` turns
-a line into an `Event` or a `Malformed` kept as evidence; it never raises.
+a line into an `Event` or a `Malformed` kept as evidence; it never raises:
+a line nested too deeply, holding NaN or a lone surrogate is malformed too
+(`jobwarden.decoding`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from jobwarden.decoding import loads_json
 from jobwarden.errors import JobwardenError
 
 SCHEMA_VERSION = 1
@@ -90,9 +93,11 @@ class Malformed:
 def parse_line(line: str, lineno: int = 0) -> Event | Malformed:
     """Parse one event line; anything wrong yields a `Malformed`, never an exception."""
     try:
-        record = json.loads(line)
+        record = loads_json(line)
     except ValueError as error:
         return Malformed(line, f"not JSON: {error}", lineno)
+    except Exception as error:  # noqa: BLE001 - a line from a worker must never crash the daemon
+        return Malformed(line, f"unparseable: {type(error).__name__}: {error}", lineno)
     if not isinstance(record, dict):
         return Malformed(line, "not a JSON object", lineno)
     if record.get("v") != SCHEMA_VERSION:

@@ -8,15 +8,14 @@ operational and never hashed, so a compatible retry may change them.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from jobwarden.decoding import loads_json, loads_toml
 from jobwarden.errors import JobFileError
 from jobwarden.tasks import Task, TrainFields, known_tasks
 
@@ -138,13 +137,17 @@ def _problems(error: ValidationError, prefix: str = "") -> list[str]:
 
 
 def parse_text(text: str, fmt: Literal["toml", "json"]) -> dict[str, Any]:
-    """Decode a job document; raises ValueError naming the syntax error."""
+    """Decode a job document; raises ValueError naming the syntax error.
+
+    Nesting deeper than `jobwarden.decoding.MAX_DEPTH`, NaN or Infinity in JSON and
+    lone surrogates are refused here too (`jobwarden.decoding`), before validation.
+    """
     if fmt == "json":
-        value = json.loads(text)
+        value = loads_json(text)
         if not isinstance(value, dict):
             raise ValueError(f"a JSON job file holds an object, found {type(value).__name__}")
         return value
-    return tomllib.loads(text)
+    return loads_toml(text)
 
 
 def job_from_mapping(document: dict[str, Any], origin: str = "<job>") -> Job:

@@ -7,7 +7,8 @@ the dispatch; the commands are in ``jobwarden.control.commands``.
 
 Exit statuses follow supervisorctl's LSB convention where one applies:
 0 ok, 1 the daemon is not reachable or refused the request, 2 usage error,
-3 ``status``: some job needs attention (failed or escalated), 4 no such job.
+3 ``status``: some job needs attention (failed or escalated), 4 no such job,
+5 the daemon is busy (it did not take or answer the request in time).
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from jobwarden.control.commands.daemon import (
 )
 from jobwarden.control.commands.drills import cmd_drill
 from jobwarden.control.commands.files import cmd_inspect, cmd_verify
-from jobwarden.control.commands.output import EXIT_NO_SUCH, EXIT_REFUSED
+from jobwarden.control.commands.output import EXIT_BUSY, EXIT_NO_SUCH, EXIT_REFUSED
 from jobwarden.control.protocol import ControlError
+
+DEFAULT_TIMEOUT_S = 10.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,11 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wardenctl", description="Control and inspect jobwarden.")
     parser.add_argument("--root", help="the daemon's root (default $JOBWARDEN_ROOT)")
     parser.add_argument("--socket", help="the control socket (default ROOT/control.sock)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds to wait for the daemon before saying it is busy (exit 5)",
+    )
     # The same options after the command (`wardenctl drill crash --root DIR`); SUPPRESS keeps
     # a value given before the command when none is given after it.
     selector = argparse.ArgumentParser(add_help=False)
     selector.add_argument("--root", default=argparse.SUPPRESS, help="the daemon's root")
     selector.add_argument("--socket", default=argparse.SUPPRESS, help="the control socket")
+    selector.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="seconds")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, **options: Any) -> argparse.ArgumentParser:
@@ -72,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     drill.add_argument("--out", default="drill-evidence", help="evidence folder")
     drill.add_argument("--json", action="store_true")
+    drill.add_argument(
+        "--compile-cache",
+        type=Path,
+        help="the private daemon's JAX compilation cache, a directory of mode 0700 "
+        "(default OUT/root/cache/jax; not with --root, whose daemon keeps its own)",
+    )
     # No defaults here: cmd_drill starts from DrillParams() and applies only the options
     # given, since importing the drills to read their defaults would slow every command.
     for option, kind, text in (
@@ -134,11 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``wardenctl``."""
-    from jobwarden.control.client import DaemonUnreachable
+    from jobwarden.control.client import DaemonBusy, DaemonUnreachable
 
     args = build_parser().parse_args(argv)
     try:
         status: int = args.func(args)
+    except DaemonBusy as error:
+        sys.stderr.write(f"wardenctl: daemon busy: {error.message}\n")
+        return EXIT_BUSY
     except DaemonUnreachable as error:
         sys.stderr.write(f"wardenctl: {error.message}\n")
         return EXIT_REFUSED

@@ -1,11 +1,21 @@
-"""The client side of the control socket."""
+"""The client side of the control socket.
+
+A daemon that is alive but cannot take the request now (its listen backlog is
+full, it already serves its maximum of clients, or it does not answer in time)
+is *busy*, which is not the same as *not running*: `request` retries a full
+backlog or a ``control.busy`` answer with a short backoff until its timeout,
+then raises `DaemonBusy`.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import itertools
 import json
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +25,7 @@ from jobwarden.errors import JobwardenError
 ROOT_ENV = "JOBWARDEN_ROOT"
 SOCKET_ENV = "JOBWARDEN_SOCKET"
 DEFAULT_ROOT = "/var/lib/jobwarden"
+RETRY_S = (0.01, 0.2)  # first and largest pause between attempts at a busy daemon
 _ids = itertools.count(1)
 
 
@@ -23,6 +34,13 @@ class DaemonUnreachable(JobwardenError):
 
     code = "control.unreachable"
     exit_status = 1
+
+
+class DaemonBusy(JobwardenError):
+    """Raised when a daemon is there but does not take or answer the request in time."""
+
+    code = "control.busy"
+    exit_status = 5
 
 
 def socket_for(root: str | None, sock: str | None) -> Path:
@@ -36,30 +54,99 @@ def socket_for(root: str | None, sock: str | None) -> Path:
     return Path(os.environ.get(ROOT_ENV) or DEFAULT_ROOT) / "control.sock"
 
 
+class _Busy(Exception):
+    """One attempt met a busy daemon before it read the request: `request` tries again."""
+
+
 def request(path: Path, cmd: str, timeout: float = 10.0, **args: Any) -> Any:
-    """Send one request and return its result; raises ControlError or DaemonUnreachable."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(timeout)
+    """Send one request and return its result.
+
+    Raises ControlError (the daemon refused it), DaemonUnreachable (nothing
+    listens on ``path``) or DaemonBusy (no answer within ``timeout`` seconds).
+    A request is sent again only when the daemon has not read it (a full
+    backlog, a ``control.busy`` answer), never after it went unanswered.
+    """
+    line = json.dumps(
+        {"v": PROTOCOL_VERSION, "id": next(_ids), "cmd": cmd, "args": args}, allow_nan=False
+    ).encode()
+    deadline = time.monotonic() + timeout
+    pause = RETRY_S[0]
+    while True:
         try:
-            conn.connect(str(path))
-        except (FileNotFoundError, ConnectionRefusedError) as error:
+            reply = _exchange(path, line + b"\n", deadline, timeout)
+        except _Busy as busy:
+            if time.monotonic() + pause >= deadline:
+                raise DaemonBusy(
+                    f"wardend is busy on {path}: {busy}, for {timeout:g} s", socket=str(path)
+                ) from None
+            time.sleep(pause)
+            pause = min(pause * 2, RETRY_S[1])
+            continue
+        if reply.get("ok"):
+            return reply.get("result")
+        failure = reply.get("error") or {}
+        raise ControlError(
+            str(failure.get("code", "control.error")), str(failure.get("message", "?"))
+        )
+
+
+def _connect(path: Path, deadline: float) -> socket.socket:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(max(0.001, deadline - time.monotonic()))
+    try:
+        conn.connect(str(path))
+    except BaseException as error:
+        conn.close()
+        if isinstance(error, FileNotFoundError | ConnectionRefusedError):
             raise DaemonUnreachable(
                 f"wardend is not running: nothing answers on {path} ({error.strerror})",
                 socket=str(path),
             ) from error
-        request_id = next(_ids)
-        line = json.dumps({"v": PROTOCOL_VERSION, "id": request_id, "cmd": cmd, "args": args})
-        conn.sendall(line.encode() + b"\n")
-        buffer = b""
-        while not buffer.endswith(b"\n"):
-            chunk = conn.recv(1 << 16)
-            if not chunk:
-                raise DaemonUnreachable(
-                    f"wardend closed the connection on {path}", socket=str(path)
-                )
-            buffer += chunk
-    reply = json.loads(buffer)
-    if not reply.get("ok"):
-        failure = reply.get("error", {})
-        raise ControlError(failure.get("code", "control.error"), failure.get("message", "?"))
-    return reply.get("result")
+        if isinstance(error, TimeoutError):
+            raise _Busy("it did not accept the connection") from error
+        if isinstance(error, OSError) and error.errno == errno.EAGAIN:
+            raise _Busy("its listen backlog is full") from error
+        if isinstance(error, OSError):
+            raise DaemonUnreachable(
+                f"cannot connect to wardend on {path}: {error.strerror}", socket=str(path)
+            ) from error
+        raise
+    return conn
+
+
+def _exchange(path: Path, line: bytes, deadline: float, timeout: float) -> dict[str, Any]:
+    buffer = bytearray()
+    with _connect(path, deadline) as conn:
+        try:
+            # A daemon that refuses the connection at once (busy, forbidden) may close it
+            # before our request is written: its answer is read all the same.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                conn.sendall(line)
+            while not buffer.endswith(b"\n"):
+                conn.settimeout(max(0.001, deadline - time.monotonic()))
+                chunk = conn.recv(1 << 20)
+                if not chunk:
+                    break
+                buffer += chunk
+        except TimeoutError as error:
+            raise DaemonBusy(
+                f"wardend is busy on {path}: no answer within {timeout:g} s", socket=str(path)
+            ) from error
+        except ConnectionResetError:
+            pass
+    if not buffer.endswith(b"\n"):
+        raise DaemonUnreachable(f"wardend closed the connection on {path}", socket=str(path))
+    try:
+        reply = json.loads(buffer)
+    except ValueError as error:
+        raise DaemonUnreachable(
+            f"wardend sent an answer that is not JSON on {path}: {error}", socket=str(path)
+        ) from error
+    if not isinstance(reply, dict):
+        raise DaemonUnreachable(
+            f"wardend sent an answer that is not an object on {path}", socket=str(path)
+        )
+    failure = reply.get("error")
+    if not reply.get("ok") and isinstance(failure, dict) and failure.get("code") == "control.busy":
+        raise _Busy("it serves its maximum of clients")
+    return reply

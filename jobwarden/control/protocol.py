@@ -4,7 +4,10 @@ Request:  {"v": 1, "id": <any JSON scalar>, "cmd": "<command>", "args": {...}}
 Response: {"v": 1, "id": <same>, "ok": true, "result": ...}
       or  {"v": 1, "id": <same>, "ok": false, "error": {"code": "...", "message": "..."}}
 
-A request line is at most `MAX_REQUEST_BYTES`.  docs/protocol.md has the commands.
+A request line is at most `MAX_REQUEST_BYTES`, nests at most
+`jobwarden.decoding.MAX_DEPTH` levels, and holds no NaN, Infinity or lone
+surrogate; every answer is strict JSON (``allow_nan=False``).  docs/protocol.md
+has the commands.
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobwarden.decoding import loads_json
 from jobwarden.errors import JobwardenError
 
 PROTOCOL_VERSION = 1
 MAX_REQUEST_BYTES = 1024 * 1024  # a job file (at most 256 KiB) JSON-escaped, with room
+MAX_ID_CHARS = 256
+MAX_INT = 2**63 - 1  # integers in requests (ids, offsets) fit a signed 64-bit field
 
 
 class ControlError(JobwardenError):
@@ -39,6 +45,28 @@ class Request:
     args: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """A result already encoded as JSON (UTF-8 bytes): the status table caches its rows so."""
+
+    data: bytes
+
+
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is a JSON integer: bool is not one, though Python says True == 1."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _valid_id(value: Any) -> bool:
+    if value is None or isinstance(value, bool):
+        return True
+    if is_int(value):
+        return bool(abs(value) <= MAX_INT)
+    if isinstance(value, float):
+        return True  # finite: loads_json refuses NaN and overflow
+    return isinstance(value, str) and len(value) <= MAX_ID_CHARS
+
+
 def parse_request(line: bytes) -> Request:
     """Parse one request line; raises `ControlError` naming what is wrong."""
     if len(line) > MAX_REQUEST_BYTES:
@@ -46,44 +74,52 @@ def parse_request(line: bytes) -> Request:
             "control.too_large", f"request of {len(line)} bytes exceeds {MAX_REQUEST_BYTES}"
         )
     try:
-        data = json.loads(line)
+        data = loads_json(line)
     except ValueError as error:
-        raise ControlError("control.bad_json", f"request is not JSON: {error}") from error
+        raise ControlError("control.bad_json", f"request is not acceptable JSON: {error}") from None
     if not isinstance(data, dict):
         raise ControlError("control.bad_request", "request is not a JSON object")
-    if data.get("v") != PROTOCOL_VERSION:
+    request_id = data.get("id")
+    if not _valid_id(request_id):
         raise ControlError(
-            "control.version", f"protocol version {data.get('v')!r} is not {PROTOCOL_VERSION}"
+            "control.bad_request",
+            f"id must be null, a boolean, a number within 64 bits or a string of at most "
+            f"{MAX_ID_CHARS} characters",
+        )
+    version = data.get("v")
+    if not is_int(version) or version != PROTOCOL_VERSION:
+        raise ControlError(
+            "control.version",
+            f"protocol version {version!r:.40} is not {PROTOCOL_VERSION}",
+            request_id=request_id,
         )
     cmd, args = data.get("cmd"), data.get("args", {})
     if not isinstance(cmd, str) or not isinstance(args, dict):
-        raise ControlError("control.bad_request", "cmd must be a string and args an object")
-    request_id = data.get("id")
-    if isinstance(request_id, dict | list):
-        raise ControlError("control.bad_request", "id must be a JSON scalar")
+        raise ControlError(
+            "control.bad_request", "cmd must be a string and args an object", request_id=request_id
+        )
     return Request(request_id, cmd, args)
 
 
+def _line(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, allow_nan=False, default=str).encode() + b"\n"
+
+
 def encode_ok(request_id: Any, result: Any) -> bytes:
-    """A success response line."""
-    return (
-        json.dumps(
-            {"v": PROTOCOL_VERSION, "id": request_id, "ok": True, "result": result}, default=str
-        ).encode()
-        + b"\n"
-    )
+    """A success response line; raises ValueError for a result that is not strict JSON."""
+    head = {"v": PROTOCOL_VERSION, "id": request_id, "ok": True}
+    if isinstance(result, Encoded):
+        return b"".join((_line(head)[:-2], b', "result": ', result.data, b"}\n"))
+    return _line({**head, "result": result})
 
 
 def encode_error(request_id: Any, code: str, message: str) -> bytes:
     """An error response line."""
-    return (
-        json.dumps(
-            {
-                "v": PROTOCOL_VERSION,
-                "id": request_id,
-                "ok": False,
-                "error": {"code": code, "message": message},
-            }
-        ).encode()
-        + b"\n"
+    return _line(
+        {
+            "v": PROTOCOL_VERSION,
+            "id": request_id,
+            "ok": False,
+            "error": {"code": code, "message": message},
+        }
     )

@@ -2,7 +2,9 @@
 
 Each handler takes the request's ``args`` and returns JSON-ready data or
 raises `ControlError`; they run on the daemon's loop, and the slow ones
-(reading checkpoint files) hand their work to a thread and return an awaitable.
+(reading checkpoint files, the spool drop of ``submit``) hand their work to a
+thread and return an awaitable.  Every argument is checked for its type and
+bounds before use (a bool is not an integer here, whatever Python says).
 """
 
 from __future__ import annotations
@@ -10,16 +12,19 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobwarden import __version__
 from jobwarden.checkpoint.store import directory_verdicts
-from jobwarden.control.protocol import PROTOCOL_VERSION, ControlError
+from jobwarden.control.protocol import MAX_INT, PROTOCOL_VERSION, ControlError, Encoded, is_int
 from jobwarden.daemon import metrics
 from jobwarden.daemon.jobs import JobRecord
-from jobwarden.daemon.spool import Rejection
+from jobwarden.daemon.spool import Rejection, name_problems
+from jobwarden.decoding import loads_json
+from jobwarden.jobfile import NAME_PATTERN
 from jobwarden.states import NEEDS_ATTENTION, JobState
 
 if TYPE_CHECKING:
@@ -27,13 +32,17 @@ if TYPE_CHECKING:
 
 Handler = Any
 RESUMABLE = frozenset({JobState.PREEMPTED, *NEEDS_ATTENTION})
+ATTENTION = tuple(NEEDS_ATTENTION)  # compared by identity: no enum hashing per job
 EVENTS_PER_REQUEST = 2000
+MAX_SUBMIT_NAME_BYTES = 128
+INCIDENT_PATTERN = re.compile(rf"({NAME_PATTERN.pattern})-([0-9]{{1,9}})")
 
 
 def handlers(daemon: Wardend) -> dict[str, Handler]:
     """Every command, bound to ``daemon``."""
+    rows = StatusRows()
     return {
-        "status": lambda args: status(daemon, args),
+        "status": lambda args: status(daemon, args, rows),
         "incidents": lambda args: incidents(daemon, args),
         "runbook": lambda args: runbook(daemon, args),
         "events": lambda args: events(daemon, args),
@@ -52,8 +61,19 @@ def job_record(daemon: Wardend, args: dict[str, Any]) -> JobRecord:
     job_id = args.get("job")
     record = daemon.table.get(job_id) if isinstance(job_id, str) else None
     if record is None:
-        raise ControlError("control.no_such_job", f"no job {job_id!r}")
+        raise ControlError("control.no_such_job", f"no job {job_id!r:.80}")
     return record
+
+
+def int_arg(args: dict[str, Any], name: str, default: int, low: int, high: int = MAX_INT) -> int:
+    """An integer argument within [low, high]; raises control.bad_request naming it."""
+    value = args.get(name, default)
+    if not is_int(value) or not low <= value <= high:
+        raise ControlError(
+            "control.bad_request",
+            f"{name} must be an integer from {low} to {high}, not {value!r:.40}",
+        )
+    return int(value)
 
 
 def stop(daemon: Wardend, args: dict[str, Any]) -> Any:
@@ -111,7 +131,35 @@ def summary(daemon: Wardend, record: JobRecord, now: float) -> dict[str, Any]:
     }
 
 
-def status(daemon: Wardend, args: dict[str, Any]) -> Any:
+class StatusRows:
+    """Encoded status rows of the jobs no supervisor holds, each kept until its record is saved.
+
+    Such a record changes only through `JobTable.save`, which stamps
+    ``updated``; only the age of its last progress is computed at each request
+    (its uptime is null: nothing runs).  Rows of jobs a supervisor holds change
+    with every event and sample, and are encoded afresh.
+    """
+
+    def __init__(self) -> None:
+        self.cached: dict[str, tuple[float, str]] = {}
+
+    def row(self, daemon: Wardend, record: JobRecord, now: float) -> str:
+        """One status row as JSON text."""
+        if record.id in daemon.supervisors:
+            return json.dumps(summary(daemon, record, now), allow_nan=False)
+        found = self.cached.get(record.id)
+        if found is None or found[0] != record.updated:
+            fields = summary(daemon, record, now)
+            del fields["last_progress_age_s"], fields["uptime_s"]
+            text = json.dumps(fields, allow_nan=False)[:-1] + ', "uptime_s": null'
+            found = record.updated, text + ', "last_progress_age_s": '
+            self.cached[record.id] = found
+        if not record.last_progress:
+            return found[1] + "null}"
+        return f"{found[1]}{now - record.last_progress:.3f}}}"
+
+
+def status(daemon: Wardend, args: dict[str, Any], rows: StatusRows | None = None) -> Any:
     """status [job]: one row per job, or one job with its history and request."""
     now = time.time()
     if args.get("job") is not None:
@@ -121,15 +169,15 @@ def status(daemon: Wardend, args: dict[str, Any]) -> Any:
             "history": record.history,
             "request": record.job.to_record(),
         }
-    return {
-        "jobs": [summary(daemon, r, now) for r in daemon.table],
-        "daemon": {
-            "pid": os.getpid(),
-            "version": __version__,
-            "uptime_s": round(now - daemon.started, 3),
-            "needs_attention": sum(1 for r in daemon.table if r.state in NEEDS_ATTENTION),
-        },
+    rows = rows or StatusRows()
+    table = ", ".join([rows.row(daemon, r, now) for r in daemon.table])
+    info = {
+        "pid": os.getpid(),
+        "version": __version__,
+        "uptime_s": round(now - daemon.started, 3),
+        "needs_attention": sum(r.state in ATTENTION for r in daemon.table),
     }
+    return Encoded(f'{{"jobs": [{table}], "daemon": {json.dumps(info)}}}'.encode())
 
 
 def incidents(daemon: Wardend, args: dict[str, Any]) -> Any:
@@ -142,31 +190,34 @@ def incidents(daemon: Wardend, args: dict[str, Any]) -> Any:
 def runbook(daemon: Wardend, args: dict[str, Any]) -> Any:
     """runbook incident: the rendered runbook and its path."""
     name = args.get("incident")
-    job_id = name.rsplit("-", 1)[0] if isinstance(name, str) and "-" in name else None
+    match = INCIDENT_PATTERN.fullmatch(name) if isinstance(name, str) else None
+    job_id = match.group(1) if match else None
     path = daemon.root.job(job_id) / "incidents" / f"{name}.md" if job_id else None
     if job_id not in daemon.table or path is None or not path.is_file():
-        raise ControlError("control.no_such_incident", f"no incident {name!r}")
+        raise ControlError("control.no_such_incident", f"no incident {name!r:.80}")
     return {"incident": name, "path": str(path), "text": path.read_text()}
 
 
 def events(daemon: Wardend, args: dict[str, Any]) -> Any:
     """events job [attempt offset]: event lines from a cursor on, and the next cursor."""
     record = job_record(daemon, args)
-    attempt = args.get("attempt", 1)
-    offset = args.get("offset", 0)
-    if not isinstance(attempt, int) or not isinstance(offset, int) or attempt < 1 or offset < 0:
-        raise ControlError("control.bad_request", "attempt and offset must be integers >= 1, >= 0")
+    attempt = int_arg(args, "attempt", 1, 1)
+    offset = int_arg(args, "offset", 0, 0)
     lines: list[dict[str, Any]] = []
     while attempt <= record.attempt and len(lines) < EVENTS_PER_REQUEST:
         path = daemon.root.job(record.id) / "attempts" / str(attempt) / "events.jsonl"
         data = _read_from(path, offset)
         complete = data[: data.rfind(b"\n") + 1]
-        for raw in complete.splitlines()[: EVENTS_PER_REQUEST - len(lines)]:
+        for raw in complete.split(b"\n")[:-1][: EVENTS_PER_REQUEST - len(lines)]:
             offset += len(raw) + 1
             try:
-                event = json.loads(raw)
-            except ValueError:
-                event = {"event": "malformed", "line": raw.decode(errors="replace")}
+                event = loads_json(raw)
+            except ValueError as error:
+                event = {
+                    "event": "malformed",
+                    "line": raw.decode(errors="replace"),
+                    "reason": str(error),
+                }
             lines.append(
                 {"attempt": attempt, **event}
                 if isinstance(event, dict)
@@ -199,38 +250,37 @@ def checkpoints(daemon: Wardend, args: dict[str, Any]) -> Any:
     return loop.run_in_executor(None, directory_verdicts, directory, record.job)
 
 
-def submit(daemon: Wardend, args: dict[str, Any]) -> Any:
+def submit_problems(name: Any, content: Any) -> list[str]:
+    """What is wrong with a submit request's name and content (empty when nothing is)."""
+    if not isinstance(name, str) or not isinstance(content, str):
+        return ["name and content must be strings"]
+    # Lone surrogates never get here: the request decoder refuses them in any string.
+    problems = [p for p in name_problems(name) if "control characters" in p]
+    if "/" in name or name in ("", ".", ".."):
+        problems.append("name: must be a plain file name (no '/')")
+    if name.startswith("."):
+        problems.append("name: must not start with '.'")
+    if Path(name).suffix not in (".toml", ".json"):
+        problems.append("name: must end in .toml or .json")
+    if len(name.encode()) > MAX_SUBMIT_NAME_BYTES:
+        problems.append(f"name: over {MAX_SUBMIT_NAME_BYTES} bytes")
+    return problems
+
+
+async def submit(daemon: Wardend, args: dict[str, Any]) -> Any:
     """submit name content: the daemon drops the file into its own spool and takes it in.
 
     Members of the control group cannot write the daemon's private state
     directory, so the daemon performs the Maildir drop itself (write in
     spool/tmp, fsync, rename into spool/incoming) and reports the outcome.
+    The drop and the intake run in the intake thread; a failed drop leaves
+    nothing behind.
     """
     name, content = args.get("name"), args.get("content")
-    if (
-        not isinstance(name, str)
-        or not isinstance(content, str)
-        or Path(name).name != name
-        or name.startswith(".")
-        or Path(name).suffix not in (".toml", ".json")
-        or len(name) > 128
-    ):
-        raise ControlError(
-            "control.bad_request",
-            "submit needs a plain file name ending in "
-            ".toml or .json (at most 128 characters) and its text as content",
-        )
-    unique = f"{time.time_ns()}-{name}"
-    tmp = daemon.root.spool_tmp / unique
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, content.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    target = daemon.root.incoming / unique
-    os.rename(tmp, target)
-    taken = daemon.intake(target)
+    problems = submit_problems(name, content)
+    if problems or not isinstance(name, str) or not isinstance(content, str):
+        raise ControlError("control.bad_request", "submit: " + "; ".join(problems))
+    taken = await daemon.intake_queue.submit(name, content.encode())
     if taken is None:
         raise ControlError("control.busy", "the request was not taken in (daemon stopping)")
     if isinstance(taken, Rejection):
@@ -240,7 +290,8 @@ def submit(daemon: Wardend, args: dict[str, Any]) -> Any:
             "problems": taken.problems,
             "kept_at": str(taken.kept_at),
         }
-    return {"accepted": True, "job": taken.id, "state": daemon.table.records[taken.id].state.value}
+    record = daemon.table.get(taken.id)
+    return {"accepted": True, "job": taken.id, "state": record.state.value if record else "queued"}
 
 
 def version(daemon: Wardend) -> Any:

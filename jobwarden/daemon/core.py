@@ -278,3 +278,4 @@ class Wardend:
             self.notifier.status(status)
         for supervisor in list(self.supervisors.values()):
             supervisor.sample()
+        self.incidents.retry()

@@ -3,11 +3,20 @@
 `JobTable.transition` is the only way a job's state changes: it checks the
 transition table, records the reason, persists ``jobs/<id>/state.json`` with
 fsync, and logs the transition as a structlog event.
+
+A job folder appears whole or not at all: `create_folder` builds it as a
+staging sibling (the request as taken, ``job.json``, ``state.json``, each
+fsynced), renames it into place and fsyncs ``jobs/``; only then may the
+request leave the spool.  `JobTable.load` discards staging folders (their
+request is still in the spool) and completes any half-made folder an older
+daemon left from the request it kept, or returns that request to the spool.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -17,11 +26,34 @@ from typing import Any
 import structlog
 
 from jobwarden.daemon.layout import Root
-from jobwarden.files import write_text_atomic
-from jobwarden.jobfile import Job, job_from_mapping
+from jobwarden.files import PENDING_SUFFIX, fsync_dir, write_all, write_text_atomic
+from jobwarden.jobfile import Job, format_of, job_from_bytes, job_from_mapping
 from jobwarden.states import JobState, check_transition
 
 log = structlog.get_logger("wardend.jobs")
+
+STAGING_PREFIX = "+intake-"
+"""A job folder being built; ``+`` is never in a job id, so no job folder is named so."""
+PERSISTED = (
+    "reason",
+    "submitted",
+    "updated",
+    "attempt",
+    "restarts",
+    "pid",
+    "pid_started",
+    "attempt_started",
+    "step",
+    "last_progress",
+    "newest_checkpoint_step",
+    "incidents",
+    "replayed_updates",
+    "time_lost_s",
+    "resume_on_start",
+    "history",
+    "claim",
+    "request_name",
+)
 
 
 @dataclass
@@ -48,6 +80,10 @@ class JobRecord:
     resume_on_start: bool = False
     sample: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
+    claim: str | None = None
+    """The spool/claimed file name the request was taken from (unique to that intake)."""
+    request_name: str | None = None
+    """The name the request arrived under in spool/incoming."""
 
     @property
     def checkpoint(self) -> str:
@@ -83,23 +119,24 @@ class JobTable:
         return self.records.get(job_id)
 
     def add(self, job: Job) -> JobRecord:
-        """Register a newly accepted job in state queued and persist it."""
-        record = JobRecord(id=job.id, job=job)
-        record.history.append(
-            {"to": record.state.value, "reason": record.reason, "time": record.submitted}
-        )
+        """Register a newly accepted job in state queued and persist it (its folder exists)."""
+        record = new_record(job)
         self.records[job.id] = record
         self.save(record)
         log.info("job.queued", job=job.id, task=job.task, checkpoint=job.checkpoint)
         return record
 
+    def adopt(self, job_id: str) -> JobRecord:
+        """Register a job whose folder `create_folder` has just made durable, as it was saved."""
+        record = read_folder(self.root.job(job_id))
+        self.records[record.id] = record
+        log.info("job.queued", job=record.id, task=record.job.task, checkpoint=record.checkpoint)
+        return record
+
     def save(self, record: JobRecord) -> None:
         """Persist ``record`` atomically."""
         record.updated = time.time()
-        write_text_atomic(
-            self.root.job(record.id) / "state.json",
-            json.dumps(record.as_record(), indent=2, default=str) + "\n",
-        )
+        write_text_atomic(self.root.job(record.id) / "state.json", state_text(record))
 
     def transition(self, record: JobRecord, target: JobState, reason: str, **fields: Any) -> None:
         """Move ``record`` to ``target``: check the table, persist, log.
@@ -130,39 +167,152 @@ class JobTable:
         )
 
     def load(self) -> list[JobRecord]:
-        """Read every persisted job (at daemon start); returns them in submission order."""
+        """Read every persisted job (at daemon start); returns them in submission order.
+
+        Staging folders are discarded and half-made folders completed or given
+        back to the spool (`complete_folder`); a folder that cannot be read is
+        logged and left as it is, and the daemon starts all the same.
+        """
         loaded = []
         for folder in sorted(self.root.jobs.iterdir()) if self.root.jobs.is_dir() else []:
-            state_file, job_file = folder / "state.json", folder / "job.json"
-            if not state_file.is_file() or not job_file.is_file():
+            try:
+                if folder.name.startswith(STAGING_PREFIX):
+                    shutil.rmtree(folder)
+                    log.warning("job.staging_discarded", folder=str(folder))
+                    continue
+                record = complete_folder(self.root, folder)
+            except Exception as error:  # one bad folder must not keep the daemon from starting
+                log.error("job.unreadable", folder=str(folder), error=repr(error), exc_info=error)
                 continue
-            saved = json.loads(state_file.read_text())
-            job = job_from_mapping(json.loads(job_file.read_text()), str(job_file))
-            record = JobRecord(id=job.id, job=job)
-            for name in (
-                "reason",
-                "submitted",
-                "updated",
-                "attempt",
-                "restarts",
-                "pid",
-                "pid_started",
-                "attempt_started",
-                "step",
-                "last_progress",
-                "newest_checkpoint_step",
-                "incidents",
-                "replayed_updates",
-                "time_lost_s",
-                "resume_on_start",
-                "history",
-            ):
-                if name in saved:
-                    setattr(record, name, saved[name])
-            record.state = JobState(saved["state"])
-            self.records[job.id] = record
-            loaded.append(record)
+            if record is not None:
+                self.records[record.id] = record
+                loaded.append(record)
         return sorted(loaded, key=lambda r: r.submitted)
+
+
+def new_record(job: Job, reason: str = "submitted", **intake: Any) -> JobRecord:
+    """A new job's record: queued, with its first history entry."""
+    record = JobRecord(id=job.id, job=job, reason=reason, **intake)
+    record.history.append({"to": record.state.value, "reason": reason, "time": record.submitted})
+    return record
+
+
+def state_text(record: JobRecord) -> str:
+    """The text of ``state.json``."""
+    return json.dumps(record.as_record(), indent=2, default=str) + "\n"
+
+
+def read_folder(folder: Path) -> JobRecord:
+    """The record persisted in a complete job folder."""
+    saved = json.loads((folder / "state.json").read_text())
+    job = job_from_mapping(json.loads((folder / "job.json").read_text()), str(folder / "job.json"))
+    record = JobRecord(id=job.id, job=job)
+    for name in PERSISTED:
+        if name in saved:
+            setattr(record, name, saved[name])
+    record.state = JobState(saved["state"])
+    return record
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        write_all(fd, [memoryview(data)])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create_folder(
+    root: Root, job: Job, request: bytes, suffix: str, *, claim: str, request_name: str
+) -> None:
+    """Make ``jobs/<id>/`` durable in one step, holding the request as taken (our own copy).
+
+    Raises OSError (the staging folder is left for the next attempt or start
+    to discard) or FileExistsError if the job folder appeared meanwhile.
+    """
+    staging = root.jobs / f"{STAGING_PREFIX}{job.id}"
+    if os.path.lexists(staging):
+        shutil.rmtree(staging)
+    staging.mkdir()
+    record = new_record(job, claim=claim, request_name=request_name)
+    _write_new(staging / f"request{suffix}", request)
+    _write_new(staging / "job.json", (json.dumps(job.to_record(), indent=2) + "\n").encode())
+    _write_new(staging / "state.json", state_text(record).encode())
+    fsync_dir(staging)
+    target = root.job(job.id)
+    if os.path.lexists(target):
+        raise FileExistsError(f"job folder {target} appeared while {staging} was built")
+    os.rename(staging, target)
+    fsync_dir(root.jobs)
+
+
+def holds_request(folder: Path, claimed: Path) -> bool:
+    """Whether a job folder was made from this claimed file (a crash before its unlink)."""
+    try:
+        saved = json.loads((folder / "state.json").read_text())
+        if isinstance(saved, dict) and saved.get("claim") == claimed.name:
+            return True
+    except (OSError, ValueError):
+        pass
+    # An older daemon kept the request by hard link: the same inode.
+    mine = os.lstat(claimed)
+    for request in folder.glob("request.*"):
+        theirs = os.lstat(request)
+        if (theirs.st_dev, theirs.st_ino) == (mine.st_dev, mine.st_ino):
+            return True
+    return False
+
+
+def complete_folder(root: Root, folder: Path) -> JobRecord | None:
+    """The record of a job folder, completing a half-made one first.
+
+    A folder an older daemon left without ``job.json`` or ``state.json`` is
+    completed from the request it kept; a folder without its request (the
+    request is still in spool/claimed) is removed if it holds nothing else; a
+    kept request that no longer validates is returned to spool/incoming, where
+    it will be rejected with its error file.  Returns None when no job remains.
+    """
+    state_file, job_file = folder / "state.json", folder / "job.json"
+    if state_file.is_file() and job_file.is_file():
+        return read_folder(folder)
+    request = request_path(folder)
+    if request is None:
+        leftovers = list(folder.iterdir())
+        if all(path.name.endswith(PENDING_SUFFIX) for path in leftovers):
+            for path in leftovers:
+                path.unlink()
+            folder.rmdir()
+            log.warning("job.incomplete_removed", folder=str(folder), removed=len(leftovers))
+        else:
+            log.error("job.incomplete", folder=str(folder), found=sorted(p.name for p in leftovers))
+        return None
+    try:
+        job = job_from_bytes(request.read_bytes(), str(request), format_of(request))
+    except Exception as error:  # the request is given back to the spool with its problem
+        log.error("job.request_unusable", folder=str(folder), error=repr(error), exc_info=error)
+        job = None
+    if job is None or job.id != folder.name:
+        _return_to_spool(root, folder, request)
+        return None
+    if not job_file.is_file():
+        write_text_atomic(job_file, json.dumps(job.to_record(), indent=2) + "\n")
+    if not state_file.is_file():
+        reason = "submitted (intake completed at daemon start)"
+        write_text_atomic(state_file, state_text(new_record(job, reason)))
+    log.warning("job.intake_completed", job=job.id, folder=str(folder))
+    return read_folder(folder)
+
+
+def _return_to_spool(root: Root, folder: Path, request: Path) -> None:
+    target = root.incoming / f"returned-{time.time_ns()}-{folder.name}{request.suffix}"
+    os.rename(request, target)
+    for path in list(folder.iterdir()):
+        if path.name == "job.json" or path.name.endswith(PENDING_SUFFIX):
+            path.unlink()
+    if not any(folder.iterdir()):
+        folder.rmdir()
+    log.warning("job.request_returned", folder=str(folder), to=str(target))
 
 
 def request_path(folder: Path) -> Path | None:

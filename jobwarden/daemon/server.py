@@ -2,9 +2,14 @@
 
 Every connection's peer is checked with SO_PEERCRED: root, the daemon's own
 uid, or a member of the configured group; anyone else is refused and the
-refusal logged.  Requests are read with a size bound and a timeout, so a slow
-or malformed client never blocks the loop or other clients.  Handlers are
-plain functions run on the daemon's loop.
+refusal logged.  Every connection is bounded: at most `MAX_CLIENTS` at once
+(the next one gets a ``control.busy`` line and is closed), a request line of at
+most `MAX_REQUEST_BYTES` read within the timeout, and each answer taken by the
+client within the same timeout, or the connection is dropped with whatever it
+had buffered.  So a slow, silent or malformed client never blocks the loop or
+other clients, and never holds memory for long.  Handlers are plain functions
+run on the daemon's loop; any exception in one is an error answer, never a
+silent hang-up.
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ log = structlog.get_logger("wardend.control")
 Handler = Callable[[dict[str, Any]], Any]
 READ_TIMEOUT_S = 5.0
 HANDLER_TIMEOUT_S = 60.0
+MAX_CLIENTS = 64
+"""Connections served at once; each may hold a request line and an answer in memory."""
+BACKLOG = 1024
+"""Connections the kernel queues before the daemon accepts them (asyncio's default is 100)."""
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -60,6 +69,9 @@ class ControlServer:
         self.read_timeout_s = read_timeout_s
         self.server: asyncio.Server | None = None
         self.refused = 0
+        self.clients = 0
+        self.busy = 0
+        self.dropped = 0
 
     def allowed(self, uid: int, gid: int) -> bool:
         """root, the daemon's uid, or the configured group."""
@@ -84,7 +96,7 @@ class ControlServer:
         old = os.umask(0o177 if self.gid is None else 0o117)
         try:
             self.server = await asyncio.start_unix_server(
-                self._serve, path=str(self.path), limit=MAX_REQUEST_BYTES + 1
+                self._serve, path=str(self.path), limit=MAX_REQUEST_BYTES + 1, backlog=BACKLOG
             )
         finally:
             os.umask(old)
@@ -102,60 +114,84 @@ class ControlServer:
         self.path.unlink(missing_ok=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sock = writer.get_extra_info("socket")
-        pid, uid, gid = peer_credentials(sock)
-        try:
-            if not self.allowed(uid, gid):
-                self.refused += 1
-                log.warning(
-                    "control.refused",
-                    peer_pid=pid,
-                    peer_uid=uid,
-                    peer_gid=gid,
-                    reason="peer is not root, the daemon's user or the control group",
+        if self.clients >= MAX_CLIENTS:
+            self.busy += 1
+            writer.write(
+                encode_error(
+                    None, "control.busy", f"the daemon serves {MAX_CLIENTS} clients already"
                 )
-                writer.write(
-                    encode_error(None, "control.forbidden", f"uid {uid} may not use this daemon")
-                )
-                await writer.drain()
-                return
-            while True:
-                try:
-                    line = await asyncio.wait_for(reader.readline(), self.read_timeout_s)
-                except TimeoutError:
-                    writer.write(
-                        encode_error(
-                            None,
-                            "control.timeout",
-                            f"no complete request within {self.read_timeout_s:g} s",
-                        )
-                    )
-                    await writer.drain()
-                    return
-                except ValueError:
-                    writer.write(
-                        encode_error(
-                            None, "control.too_large", f"request exceeds {MAX_REQUEST_BYTES} bytes"
-                        )
-                    )
-                    await writer.drain()
-                    return
-                if not line:
-                    return
-                if not line.endswith(b"\n"):
-                    writer.write(
-                        encode_error(
-                            None, "control.bad_request", "request line ended without a newline"
-                        )
-                    )
-                    await writer.drain()
-                    return
-                writer.write(await self._dispatch(line))
-                await writer.drain()
-        except (ConnectionError, OSError):
+            )
+            await self._finish(writer)
             return
+        self.clients += 1
+        try:
+            await self._converse(reader, writer)
+        except (ConnectionError, OSError, TimeoutError):
+            pass
         finally:
-            writer.close()
+            self.clients -= 1
+            await self._finish(writer)
+
+    async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
+        if not self.allowed(uid, gid):
+            self.refused += 1
+            log.warning(
+                "control.refused",
+                peer_pid=pid,
+                peer_uid=uid,
+                peer_gid=gid,
+                reason="peer is not root, the daemon's user or the control group",
+            )
+            await self._send(
+                writer,
+                encode_error(None, "control.forbidden", f"uid {uid} may not use this daemon"),
+            )
+            return
+        while True:
+            try:
+                line = await asyncio.wait_for(reader.readline(), self.read_timeout_s)
+            except TimeoutError:
+                message = f"no complete request within {self.read_timeout_s:g} s"
+                await self._send(writer, encode_error(None, "control.timeout", message))
+                return
+            except ValueError:
+                message = f"request exceeds {MAX_REQUEST_BYTES} bytes"
+                await self._send(writer, encode_error(None, "control.too_large", message))
+                return
+            if not line:
+                return
+            if not line.endswith(b"\n"):
+                message = "request line ended without a newline"
+                await self._send(writer, encode_error(None, "control.bad_request", message))
+                return
+            await self._send(writer, await self._dispatch(line), pid)
+
+    async def _send(
+        self, writer: asyncio.StreamWriter, data: bytes, pid: int | None = None
+    ) -> None:
+        """Write one answer; raises TimeoutError (the connection is dropped) if it is not taken."""
+        writer.write(data)
+        try:
+            await asyncio.wait_for(writer.drain(), self.read_timeout_s)
+        except TimeoutError:
+            self.dropped += 1
+            log.warning(
+                "control.dropped",
+                peer_pid=pid,
+                reason=f"the client did not take its answer within {self.read_timeout_s:g} s",
+                buffered=writer.transport.get_write_buffer_size(),
+            )
+            writer.transport.abort()
+            raise
+
+    async def _finish(self, writer: asyncio.StreamWriter) -> None:
+        """Close the connection; what a client never reads is discarded, not kept."""
+        writer.close()
+        try:
+            await asyncio.wait_for(writer.wait_closed(), self.read_timeout_s)
+        except (TimeoutError, ConnectionError, OSError):
+            writer.transport.abort()
 
     async def _dispatch(self, line: bytes) -> bytes:
         request_id = None
@@ -164,9 +200,10 @@ class ControlServer:
             request_id = request.id
             handler = self.handlers.get(request.cmd)
             if handler is None:
+                known = ", ".join(sorted(self.handlers))
                 raise ControlError(
                     "control.unknown_command",
-                    f"unknown command {request.cmd!r}; known: {', '.join(sorted(self.handlers))}",
+                    f"unknown command {request.cmd!r:.80}; known: {known}",
                 )
             result = handler(request.args)
             if inspect.isawaitable(result):
@@ -175,4 +212,13 @@ class ControlServer:
         except TimeoutError:
             return encode_error(request_id, "control.timeout", "the daemon took too long")
         except ControlError as error:
-            return encode_error(request_id, error.code, error.message)
+            return encode_error(
+                error.evidence.get("request_id", request_id), error.code, error.message
+            )
+        except Exception as error:  # any failure is an answer, never a hang-up
+            log.error("control.failed", request=line[:200], error=repr(error), exc_info=error)
+            return encode_error(
+                request_id,
+                "control.internal",
+                f"the daemon could not answer: {type(error).__name__}: {error!s:.200}",
+            )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,8 @@ from jobwarden.control.tables import (
 )
 from jobwarden.states import NEEDS_ATTENTION, SETTLED, JobState
 
+# The names `submit` sends as they are: plain, printable and short.
+SPOOL_NAME = re.compile(r"[A-Za-z0-9_+=,@%-][A-Za-z0-9._+=,@%-]{0,100}")
 # `status` exits EXIT_ATTENTION when a job is in one of these.
 ATTENTION_STATES = frozenset(state.value for state in NEEDS_ATTENTION)
 # `tail -f` stops once a job rests here: settled, or preempted until someone resumes it.
@@ -41,7 +44,8 @@ def ask(args: argparse.Namespace, cmd: str, **fields: Any) -> Any:
     """One request to the daemon the command line selects; its answer's data."""
     from jobwarden.control import client
 
-    return client.request(client.socket_for(args.root, args.socket), cmd, **fields)
+    path = client.socket_for(args.root, args.socket)
+    return client.request(path, cmd, getattr(args, "timeout", 10.0), **fields)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -77,13 +81,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     source = Path(args.file)
     try:
-        load_job(source)
+        job = load_job(source)
     except JobFileError as error:
         sys.stderr.write(f"wardenctl submit: {source} is invalid, not submitted:\n")
         sys.stderr.write("".join(f"  {problem}\n" for problem in error.problems))
         return EXIT_USAGE
     suffix = ".json" if source.suffix == ".json" else ".toml"
-    result = ask(args, "submit", name=source.stem + suffix, content=source.read_text())
+    name = source.stem + suffix
+    if not SPOOL_NAME.fullmatch(name):
+        name = job.id + suffix  # a name the daemon would refuse: the job id is always plain
+    result = ask(args, "submit", name=name, content=source.read_text())
     if result["accepted"]:
         emit(result, args.json, lambda d: d["job"])
         return EXIT_OK
@@ -151,12 +158,12 @@ def cmd_shutdown(args: argparse.Namespace) -> int:
 
 def cmd_version(args: argparse.Namespace) -> int:
     """Print the client's version, and the daemon's when one answers."""
-    from jobwarden.control.client import DaemonUnreachable
+    from jobwarden.control.client import DaemonBusy, DaemonUnreachable
 
     data: dict[str, Any] = {"wardenctl": __version__}
     try:
         data["wardend"] = ask(args, "version")
-    except DaemonUnreachable as error:
+    except (DaemonUnreachable, DaemonBusy) as error:
         data["wardend"] = None
         data["note"] = error.message
     emit(

@@ -15,6 +15,7 @@ EXIT_REFUSED = 1  # the daemon is not reachable or refused the request; a check 
 EXIT_USAGE = 2
 EXIT_ATTENTION = 3  # `status`: some job needs attention (failed or escalated)
 EXIT_NO_SUCH = 4
+EXIT_BUSY = 5  # the daemon is there but did not take or answer the request in time
 
 
 def emit(data: Any, as_json: bool, text: Callable[[Any], str]) -> None:
