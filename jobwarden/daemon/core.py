@@ -278,4 +278,5 @@ class Wardend:
             self.notifier.status(status)
         for supervisor in list(self.supervisors.values()):
             supervisor.sample()
+        self.table.retry()
         self.incidents.retry()

@@ -211,7 +211,7 @@ class IncidentLog:
         except OSError as error:
             self.unwritten[incident.id] = incident
             log.error(
-                "incident.write_failed", incident=incident.id, event=event, error=describe(error)
+                "incident.write_failed", incident=incident.id, record=event, error=describe(error)
             )
         else:
             self.unwritten.pop(incident.id, None)

@@ -25,6 +25,7 @@ from typing import Any
 
 import structlog
 
+from jobwarden.daemon.evidence import describe
 from jobwarden.daemon.layout import Root
 from jobwarden.files import PENDING_SUFFIX, fsync_dir, write_all, write_text_atomic
 from jobwarden.jobfile import Job, format_of, job_from_bytes, job_from_mapping
@@ -107,6 +108,7 @@ class JobTable:
     def __init__(self, root: Root) -> None:
         self.root = root
         self.records: dict[str, JobRecord] = {}
+        self.unsaved: set[str] = set()
 
     def __iter__(self) -> Iterator[JobRecord]:
         return iter(self.records.values())
@@ -134,9 +136,34 @@ class JobTable:
         return record
 
     def save(self, record: JobRecord) -> None:
-        """Persist ``record`` atomically."""
+        """Persist ``record`` atomically.
+
+        An I/O error (a full, failing or read-only disk) is logged, never raised:
+        the record stays right in memory, is kept in `unsaved`, and `retry`
+        persists it once the disk takes bytes again.  A transition therefore
+        always completes, and the job's supervision goes on.
+        """
         record.updated = time.time()
-        write_text_atomic(self.root.job(record.id) / "state.json", state_text(record))
+        try:
+            write_text_atomic(self.root.job(record.id) / "state.json", state_text(record))
+        except OSError as error:
+            if record.id not in self.unsaved:
+                log.error("job.save_failed", job=record.id, error=describe(error))
+            self.unsaved.add(record.id)
+        else:
+            if self.unsaved:
+                self.unsaved.discard(record.id)
+
+    def retry(self) -> None:
+        """Persist again each record whose last save failed."""
+        for job_id in sorted(self.unsaved):
+            record = self.records.get(job_id)
+            if record is None:
+                self.unsaved.discard(job_id)
+                continue
+            self.save(record)
+            if job_id not in self.unsaved:
+                log.info("job.saved_after_failure", job=job_id)
 
     def transition(self, record: JobRecord, target: JobState, reason: str, **fields: Any) -> None:
         """Move ``record`` to ``target``: check the table, persist, log.

@@ -83,10 +83,10 @@ class JobSupervisor:
             return
         record.attempt += 1
         number = record.attempt
-        spec = prepare(s.root, record, s.compile_cache, s.signing_key, s.environment)
         if record.state is S.QUEUED:
             s.table.transition(record, S.STARTING, f"attempt {number} launched")
         try:
+            spec = prepare(s.root, record, s.compile_cache, s.signing_key, s.environment)
             running = await s.launcher.start(spec)
         except (LauncherError, OSError) as error:
             log.error("attempt.launch_failed", job=record.id, attempt=number, error=str(error))
