@@ -21,6 +21,7 @@ from jobwarden.checkpoint.signing import UnsafeSigningKey, load_key
 from jobwarden.checkpoint.store import CheckpointStore, file_name
 from jobwarden.worker.command import worker_argv
 from tests import samples
+from tests.daemon import Daemon, linreg_job
 from tests.helpers import job
 
 KEY = bytes(range(32))
@@ -232,3 +233,40 @@ class TestWorker:
             timeout=60,
         )
         assert shown.returncode == 0, shown.stdout + shown.stderr
+
+
+@pytest.mark.slow
+def test_wardend_signing_key_signs_every_attempt_and_shows_it(
+    tmp_path: Path, key_file: Path, compile_cache: Path
+) -> None:
+    """wardend --signing-key: a crash recovers verified, every checkpoint is signed with the
+    key, and the checkpoints command checks the signatures."""
+    with Daemon(tmp_path / "root", compile_cache, "--signing-key", str(key_file)) as daemon:
+        daemon.drop("s.toml", linreg_job("s", faults={"fail_after": 3}))
+        assert daemon.wait("s")["state"] == "completed"
+        (incident,) = daemon.incidents("s")
+        rows = daemon.ask("checkpoints", job="s")
+    assert incident["status"] == "verified"
+    assert "signature" in incident["recovery_point"]["checks"]
+    committed = [r for r in rows if r["where"] == "committed"]
+    assert committed
+    assert all(r["signed"] and r["verdict"]["ok"] for r in committed)
+    for row in committed:
+        assert format.read(Path(row["file"]), KEY).signature is not None
+
+
+def test_wardend_refuses_a_loose_signing_key(tmp_path: Path, key_file: Path) -> None:
+    """A key readable by others stops wardend at start with the key's error, before any job."""
+    key_file.chmod(0o644)
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "jobwarden.daemon", "--root", str(tmp_path / "root")),
+            *("--signing-key", str(key_file)),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert (UnsafeSigningKey.exit_status, 1) == (done.returncode, len(done.stderr.splitlines()))
+    assert str(key_file) in done.stderr

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobwarden import __version__
+from jobwarden.checkpoint.signing import load_key
 from jobwarden.checkpoint.store import directory_verdicts
 from jobwarden.control.protocol import MAX_INT, PROTOCOL_VERSION, ControlError, Encoded, is_int
 from jobwarden.daemon import metrics
@@ -247,7 +248,8 @@ def checkpoints(daemon: Wardend, args: dict[str, Any]) -> Any:
     record = job_record(daemon, args)
     directory = daemon.root.checkpoints / record.checkpoint
     loop = asyncio.get_running_loop()
-    return loop.run_in_executor(None, directory_verdicts, directory, record.job)
+    key = load_key(daemon.options.signing_key) if daemon.options.signing_key else None
+    return loop.run_in_executor(None, directory_verdicts, directory, record.job, key)
 
 
 def submit_problems(name: Any, content: Any) -> list[str]:
