@@ -166,7 +166,18 @@ class Emitter:
 
         Returns the error's exit status.
         """
-        sys.stderr.write(f"jobwarden worker: {error.code}: {error.message}\n")
         with contextlib.suppress(SupervisorGone):
             self.emit("failed", exit_status=error.exit_status, **error.as_record())
+        human(f"jobwarden worker: {error.code}: {error.message}\n")
         return error.exit_status
+
+
+def human(text: str) -> None:
+    """Write a line for people on stderr; a full disk or a closed stderr costs only the line.
+
+    stderr is evidence for a person; the event stream is the supervisor's.  A
+    failed write here must never turn a reported refusal into a crash.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(text)
+        sys.stderr.flush()

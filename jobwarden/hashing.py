@@ -1,4 +1,4 @@
-"""Canonical hashes: training state, data, training config and worker source.
+"""Canonical hashes: training state, data, training config and the source that defines an update.
 
 The state hash is computed over canonical bytes (leaf path, dtype, shape, raw
 little-endian bytes, and the step), never over float text, so two states hash
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -92,4 +93,22 @@ def files_digest(paths: Iterable[Path]) -> str:
         data = path.read_bytes()
         hasher.update(f"{path.name}\0{len(data)}\0".encode())
         hasher.update(data)
+    return hasher.hexdigest()
+
+
+DATA_CHUNK = 16 << 20
+
+
+def data_files_digest(paths: Iterable[Path]) -> str:
+    """xxh3-128 over each file's length and bytes, in the given order, read in bounded chunks.
+
+    A data set may be gigabytes, so files are streamed (at memory speed) rather than
+    read whole; their names are not hashed: the same bytes moved elsewhere are the same data.
+    """
+    hasher = xxhash.xxh3_128(b"jobwarden-data-files-v1")
+    for path in paths:
+        with path.open("rb") as stream:
+            hasher.update(f"{os.fstat(stream.fileno()).st_size}\0".encode())
+            while chunk := stream.read(DATA_CHUNK):
+                hasher.update(chunk)
     return hasher.hexdigest()

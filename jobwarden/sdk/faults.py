@@ -3,25 +3,26 @@
 All are operational (never hashed): ``fail_after`` raises after an update,
 ``crash_after`` kills the process with SIGKILL after an update,
 ``crash_in_commit`` kills it after the pending checkpoint file is durable and
-before it is replaced into place, ``stall_at`` hangs after N completed updates.
+before it is replaced into place, ``stall_at`` hangs after N completed updates,
+``step_delay_s`` slows every update.  The SDK's step loop consults them, so every
+drill applies to a user's program as it does to the built-in tasks.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from jobwarden.errors import InjectedFailure
-from jobwarden.events import Emitter
+from jobwarden.events import Emitter, human
 from jobwarden.jobfile import FaultSection
 
 
 class FaultPlan:
-    """The faults of one attempt, consulted by the step loop."""
+    """The faults of one attempt, consulted by the step loop (`jobwarden.sdk.run.Run`)."""
 
     def __init__(self, faults: FaultSection, emitter: Emitter) -> None:
         self.faults = faults
@@ -51,6 +52,5 @@ class FaultPlan:
 
 def hard_crash(why: str) -> None:
     """Die at once by SIGKILL: no cleanup, no event, as a real crash would."""
-    sys.stderr.write(f"jobwarden worker: injected hard crash ({why})\n")
-    sys.stderr.flush()
+    human(f"jobwarden worker: injected hard crash ({why})\n")
     os.kill(os.getpid(), signal.SIGKILL)

@@ -5,7 +5,8 @@ signed ones on restore; ``--compile-cache DIR`` keeps compiled code across attem
 
 Events go to stdout as JSON lines, human output to stderr; the exit status
 names the outcome (docs/worker.md lists them).  The CPU determinism pins are
-set here, before JAX is imported.
+set here, before JAX is imported.  The attempt itself is `jobwarden.worker.program`:
+the job's task driven by an SDK run (`jobwarden.sdk`), the product's one step loop.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import sys
 from pathlib import Path
 
 from jobwarden import testfaults
-from jobwarden.checkpoint.lock import WriterLock
-from jobwarden.checkpoint.signing import load_key
 from jobwarden.errors import JobwardenError
 from jobwarden.events import Emitter
 from jobwarden.jobfile import load_job
@@ -51,27 +50,20 @@ def main(argv: list[str] | None = None) -> int:
         "and restore only checkpoints signed with it",
     )
     args = parser.parse_args(argv)
-    emitter = Emitter(sys.stdout)
     try:
         job = load_job(args.job)
-        key = load_key(args.signing_key) if args.signing_key is not None else None
     except JobwardenError as error:
-        return emitter.failed(error)
-    directory = args.checkpoint_dir.absolute()
-    try:
-        lock = WriterLock(directory).acquire()
-    except JobwardenError as error:
-        return emitter.failed(error)
+        return Emitter(sys.stdout).failed(error)
     if testfaults.active(Fault.GARBAGE_ON_STDOUT):
         # Lines a supervisor must keep as evidence without crashing on them.
         sys.stdout.write("this is not an event\n" + "x" * (2 << 20) + "\n")
         sys.stdout.write('{"v": 1, "event": "progress", "step": "three"}\n')
         sys.stdout.flush()
     pin_environment()
-    from jobwarden.worker.loop import run_attempt
+    from jobwarden.worker.program import run_job
 
     cache = Path(args.compile_cache) if args.compile_cache else None
-    return run_attempt(job, directory, emitter, lock, cache, signing_key=key)
+    return run_job(job, args.checkpoint_dir.absolute(), cache, args.signing_key)
 
 
 def exit_now(status: int) -> None:

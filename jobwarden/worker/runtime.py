@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import platform
 import stat
+import sys
 from pathlib import Path
 
 from jobwarden.errors import UnsafeCacheError
@@ -43,6 +44,32 @@ def pin_environment(environ: dict[str, str] | None = None) -> str:
     return env["XLA_FLAGS"]
 
 
+def jax_started() -> bool:
+    """Whether a JAX backend is already running in this process (then the pins come too late)."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    started = getattr(bridge, "backends_are_initialized", None)
+    return bool(started()) if callable(started) else False
+
+
+def pin_before_start() -> str | None:
+    """`pin_environment`, unless a JAX backend already runs: then a warning, if the pins are off.
+
+    The runtime identity then records the flags truly in force, so a checkpoint
+    written without the pins is never resumed as if it had them.
+    """
+    if not jax_started():
+        pin_environment()
+        return None
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    if all(flag in flags for flag in PINNED_XLA_FLAGS):
+        return None
+    return (
+        "jobwarden: JAX started before the single-threaded CPU pins were set; replay may not "
+        "be bit-exact (attach before the first JAX computation, or set "
+        f"XLA_FLAGS='{' '.join(PINNED_XLA_FLAGS)}')"
+    )
+
+
 def runtime_identity() -> dict[str, str]:
     """Versions and settings that decide the bits of a replay."""
     from importlib.metadata import version
@@ -57,12 +84,12 @@ def runtime_identity() -> dict[str, str]:
         "backend": jax.default_backend(),
         "machine": platform.machine(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "x64": str(_jax_setting("jax_enable_x64")).lower(),
-        "prng_impl": str(_jax_setting("jax_default_prng_impl")),
+        "x64": str(jax_setting("jax_enable_x64")).lower(),
+        "prng_impl": str(jax_setting("jax_default_prng_impl")),
     }
 
 
-def _jax_setting(name: str) -> object:
+def jax_setting(name: str) -> object:
     """A JAX setting by name (its typed accessors are not all exported)."""
     import jax
 

@@ -1,0 +1,279 @@
+"""The one step loop: restore, step, report each update's state hash, commit on cadence, stop.
+
+A `Run` is what `jobwarden.sdk.attach` returns; the built-in worker drives one
+too.  Entering and leaving it is `jobwarden.sdk.session.Session`'s part.
+`Run.restore` selects the newest accepted compatible checkpoint (or
+`Run.restored` reports one the program restored itself), `Run.steps` yields
+the steps still to run and stops between updates on preemption or a vanished
+reader, `Run.progress` reports an update and commits on cadence.  This module
+and `jobwarden.state` decide what an update's result becomes, so their source
+is hashed into every checkpoint's provenance.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from jobwarden import state as state_tree
+from jobwarden import testfaults
+from jobwarden.checkpoint.errors import StepOutOfRange
+from jobwarden.checkpoint.format import Manifest, Provenance, leaf_specs
+from jobwarden.errors import PreemptedExit, ResumePolicyError
+from jobwarden.hashing import Leaves, state_hash
+from jobwarden.sdk.session import Session, UsageError, same_tree
+from jobwarden.testfaults import Fault
+
+
+class Run(Session):
+    """One attempt of a program's training run; use it as a context manager."""
+
+    # -- restoring ---------------------------------------------------------------------------
+
+    def restore(self, init_state: Any) -> Any:
+        """The newest accepted compatible checkpoint's state, else ``init_state`` itself.
+
+        ``init_state`` is the complete initial state, any pytree; it fixes the
+        tree, shapes and dtypes every checkpoint must have.  Damaged files are
+        quarantined and passed over; an incompatible one (another config, data,
+        source, runtime or tree) ends the run with its error, with no fallback.
+        """
+        store = self._store
+        if store is None:
+            raise UsageError(
+                "run.restore() needs jobwarden's checkpoints; "
+                "with checkpoints='external' call run.restored(step, state)"
+            )
+        self._before_start("run.restore()")
+        leaves = self._leaves(init_state)
+        self._key_impl = self._key_impl or state_tree.key_impl_of(init_state)
+        expected = self.identity.expected(
+            leaf_specs(leaves), self.runtime, self.settings.run.steps, self.generation or 0
+        )
+        self._expected = expected
+        policy, directory = self.settings.run.resume, store.directory
+        if policy == "never" and store.committed():
+            raise ResumePolicyError(
+                f"resume = 'never' but {directory} already holds "
+                f"{len(store.committed())} checkpoint(s)",
+                directory=str(directory),
+            )
+        selection = store.select(expected)
+        self._quarantined = [s.as_record() for s in selection.skipped]
+        restored = selection.checkpoint
+        if restored is None:
+            if policy == "require":
+                raise ResumePolicyError(
+                    f"resume = 'require' but {directory} holds no checkpoint",
+                    directory=str(directory),
+                )
+            self._started_at(0, restored=False)
+            return init_state
+        state = state_tree.unflatten_like(init_state, restored.arrays)
+        if testfaults.active(Fault.ZERO_OPT_STATE_ON_RESTORE):
+            state = _zero_opt_state(state)
+        manifest = restored.manifest
+        self.emit(
+            "restored",
+            step=manifest.step,
+            file=str(restored.path),
+            state_hash=manifest.state_hash,
+            components=dict(manifest.components),
+            checks=list(selection.checks),
+            skipped=self._quarantined,
+            checksum=restored.checksum,
+            writer_generation=manifest.provenance.writer_generation,
+        )
+        self._started_at(manifest.step, restored=True)
+        return state
+
+    def restored(self, step: int, state: Any, source: str = "") -> None:
+        """Report a state the program restored itself (its own checkpointer) at ``step``.
+
+        Nothing is validated: the ``restored`` event says ``checks: []`` and
+        ``checkpointer: external``; replay is still verified from the state hashes.
+        """
+        if self._store is not None:
+            raise UsageError("run.restored() is for checkpoints='external'; use run.restore()")
+        self._before_start("run.restored()")
+        total = self.settings.run.steps
+        if not 0 <= step <= total:
+            raise StepOutOfRange(
+                source or "run.restored()",
+                "step",
+                step,
+                total,
+                message=f"restored step {step} is outside 0..{total} (the requested steps)",
+            )
+        digest, components = state_hash(self._leaves(state), step)
+        self.emit(
+            "restored",
+            step=step,
+            file=source,
+            state_hash=digest,
+            components=components,
+            checks=[],
+            skipped=[],
+            checksum=None,
+            writer_generation=self.generation,
+            checkpointer="external",
+        )
+        self._started_at(step, restored=True)
+
+    # -- stepping ----------------------------------------------------------------------------
+
+    def steps(self, state: Any) -> Iterator[int]:
+        """Yield the steps to run, ``start_step + 1`` .. ``total_steps``; ``state`` is the start.
+
+        Between updates it stops cleanly on SIGTERM or a vanished reader: the
+        latest state is committed, ``preempted`` emitted, and leaving the run
+        exits 75.  After the last step it emits ``completed``.  Each yielded
+        step must be reported with `progress` before the next one is asked for.
+        """
+        self._begin(state)
+        total = self.settings.run.steps
+        while self._step < total:
+            if self.preemption.requested or self.emitter.broken:
+                self._preempt()
+                return
+            self.faults.before_update(self._step)
+            self._pending = self._step + 1
+            self._yielded_at = time.perf_counter()
+            yield self._pending
+            if self._pending is not None:
+                raise UsageError(
+                    f"step {self._pending} ended without run.progress({self._pending}, state)"
+                )
+        self._complete()
+
+    def progress(
+        self,
+        step: int,
+        state: Any,
+        loss: Any = None,
+        *,
+        examples: int = 0,
+        metrics: Mapping[str, float] | None = None,
+    ) -> None:
+        """Report update ``step``, which produced ``state``; commit it when it is due.
+
+        The event carries the state hash (every ``hash_every`` steps and at the
+        last), so a replay can be verified update by update.  ``loss`` and
+        ``metrics`` are reported as floats.  Drill faults fire here, after the update.
+        """
+        if self._pending != step:
+            at = "no step" if self._pending is None else f"step {self._pending}"
+            raise UsageError(f"run.progress({step}) but the loop yielded {at}")
+        elapsed = time.perf_counter() - self._yielded_at
+        self._pending, self._state, self._step = None, state, step
+        run = self.settings.run
+        due = self._store is not None and (step % run.checkpoint_every == 0 or step == run.steps)
+        fields: dict[str, Any] = {"state_hash": None}
+        leaves: Leaves | None = None
+        if due or step % run.hash_every == 0 or step == run.steps:
+            leaves = self._leaves(state)
+            digest, components = state_hash(leaves, step)
+            fields = {"state_hash": digest, "components": components}
+            self._hashed = (step, digest, components)
+        if metrics:
+            fields["metrics"] = {name: float(value) for name, value in metrics.items()}
+        self.emit(
+            "progress",
+            step=step,
+            loss=float("nan") if loss is None else float(loss),
+            examples=examples,
+            update_s=elapsed,
+            **fields,
+        )
+        if self.emitter.broken:
+            return  # the loop commits this step and stops before the next update
+        if due:
+            self._commit(step, leaves)
+        self.faults.after_update(step)
+
+    # -- ending ------------------------------------------------------------------------------
+
+    def _preempt(self) -> None:
+        gone = self.emitter.broken
+        if self._store is not None and self._step > 0 and self._committed != self._step:
+            self._commit(self._step, None, report=not gone)
+        if gone:
+            self.stderr(f"jobwarden: stdout is gone; committed step {self._step} and exiting\n")
+        else:
+            self.emit("preempted", step=self._step, reason=self.preemption.reason)
+        self._status = PreemptedExit.exit_status
+
+    def _complete(self) -> None:
+        step = self._step
+        if self._hashed[0] == step:
+            _, digest, components = self._hashed
+        else:
+            digest, components = state_hash(self._leaves(self._state), step)
+        committed = self._store.committed() if self._store is not None else []
+        self.emit(
+            "completed",
+            step=step,
+            state_hash=digest,
+            components=components,
+            file=str(committed[-1][1]) if committed else "",
+        )
+        self.completed = True
+
+    def _commit(self, step: int, leaves: Leaves | None, report: bool = True) -> Path:
+        """Commit the current state at ``step``, apply retention and (unless told not to) report."""
+        store, expected = self._store, self._expected
+        if store is None or expected is None:
+            raise UsageError("run.restore(init_state) must come before the first update")
+        if leaves is None:
+            leaves = self._leaves(self._state)
+        if self._hashed[0] == step:  # hashed for the progress event: the same leaves
+            _, digest, components = self._hashed
+        else:
+            digest, components = state_hash(leaves, step)
+        specs = leaf_specs(leaves)
+        same_tree(specs, expected)
+        manifest = Manifest(
+            task=expected.task,
+            job_id=self.identity.job_id,
+            step=step,
+            key_impl=self._key_impl,
+            leaves=specs,
+            train=expected.train,
+            provenance=Provenance(
+                config_hash=expected.config_hash,
+                data_hash=expected.data_hash,
+                source_hash=expected.source_hash,
+                runtime=expected.runtime,
+                writer_generation=expected.generation,
+            ),
+            state_hash=digest,
+            components=components,
+            created=time.time(),
+        )
+        began = time.perf_counter()
+        path, size = store.commit(step, manifest, leaves, self.faults.commit_hook(step))
+        seconds = time.perf_counter() - began
+        store.retain(self.settings.run.keep_checkpoints)
+        self._committed = step
+        if report:
+            self.emit(
+                "checkpoint",
+                step=step,
+                file=str(path),
+                bytes=size,
+                seconds=seconds,
+                state_hash=digest,
+            )
+        return path
+
+
+def _zero_opt_state(state: Any) -> Any:
+    """The test-only weights-only restore: the ``opt_state`` component zeroed."""
+    import jax
+    import jax.numpy as jnp
+
+    if not isinstance(state, dict) or "opt_state" not in state:
+        return state
+    return {**state, "opt_state": jax.tree_util.tree_map(jnp.zeros_like, state["opt_state"])}

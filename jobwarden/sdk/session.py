@@ -1,0 +1,294 @@
+"""Entering and leaving an attached run: settings, writer lock, signals, runtime, outcome.
+
+`Session` holds what one attempt of a program's run knows; `jobwarden.sdk.run.Run`
+adds the step loop on top.  Opening follows the worker's order, so a refusal
+costs nothing it need not: settings (``job.invalid``), signing key, writer
+lock (``writer.locked``, ``checkpoint.directory_unsafe``), signal handlers, the
+CPU pins, the compilation cache (``worker.cache_unsafe``), then ``started``.
+JAX is first imported after the lock is held.  Leaving emits ``failed`` for an
+exception and raises `RunEnded` with the exit status of docs/worker.md unless
+the run completed.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from jobwarden import state as state_tree
+from jobwarden.checkpoint.lock import WriterLock
+from jobwarden.checkpoint.signing import load_key
+from jobwarden.checkpoint.store import CheckpointStore
+from jobwarden.checkpoint.validate import Expected
+from jobwarden.errors import JobwardenError, WorkerInternalError
+from jobwarden.events import human
+from jobwarden.hashing import Leaves, state_hash
+from jobwarden.jobfile import FaultSection
+from jobwarden.sdk.faults import FaultPlan
+from jobwarden.sdk.provenance import (
+    Identity,
+    data_identity,
+    normalize_config,
+    source_paths,
+)
+from jobwarden.sdk.settings import RUN_FILE_ENV, Request, Settings, resolve, split_argv
+from jobwarden.sdk.signals import Preemption
+from jobwarden.sdk.stream import EventStream, RunEmitter
+from jobwarden.worker.runtime import enable_compilation_cache, pin_before_start, runtime_identity
+
+
+class UsageError(WorkerInternalError):
+    """Raised when a program calls the SDK out of order (an update never reported, a
+    state whose tree drifted, a restore after the loop began): a bug in the program."""
+
+
+class RunEnded(SystemExit):
+    """Raised on leaving a run that did not complete; its ``exit_status`` ends the process.
+
+    A `SystemExit`, so an uncaught one exits with the documented status
+    (docs/worker.md: 10 for ``fail_after``, 75 for preemption, 25 for a changed
+    training field...) and ``except Exception`` in the program does not catch it.
+    """
+
+    def __init__(self, exit_status: int) -> None:
+        super().__init__(exit_status)
+        self.exit_status = exit_status
+
+
+def same_tree(specs: tuple[Any, ...], expected: Expected) -> None:
+    """Refuse to commit a state whose leaves drifted from the initial state's (no resume could
+    restore it): names the first leaf whose path, shape or dtype changed."""
+    if specs == expected.leaves:
+        return
+    for now, then in zip(specs, expected.leaves, strict=False):
+        if now != then:
+            raise UsageError(
+                f"the state changed structure since run.restore(): {now.path} "
+                f"{now.dtype}{list(now.shape)} was {then.path} {then.dtype}{list(then.shape)}",
+                leaf=now.path,
+            )
+    raise UsageError(f"the state has {len(specs)} leaves, run.restore() had {len(expected.leaves)}")
+
+
+class Phase(enum.Enum):
+    """Where a run is: outside its ``with``, entered, restored (start state known), stepping."""
+
+    CLOSED = "closed"
+    ENTERED = "entered"
+    RESTORED = "restored"
+    STEPPING = "stepping"
+
+
+class Session:
+    """One attempt of a program's run: its settings, identity, lock, signals and event stream."""
+
+    settings: Settings
+    identity: Identity
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.emitter = RunEmitter(sys.stdout)
+        self.preemption = Preemption()
+        self.faults = FaultPlan(FaultSection(), self.emitter)
+        self.runtime: dict[str, str] = {}
+        self.generation: int | None = None
+        self.start_step = 0
+        self.completed = False
+        self._stream: EventStream | None = None
+        self._lock: WriterLock | None = None
+        self._store: CheckpointStore | None = None
+        self._expected: Expected | None = None
+        self._key_impl = request.key_impl or ""
+        self._quarantined: list[dict[str, str]] = []
+        self._status: int | None = None
+        self._phase = Phase.CLOSED
+        self._mark = time.perf_counter()
+        self._step = 0
+        self._state: Any = None
+        self._pending: int | None = None
+        self._yielded_at = 0.0
+        self._committed = -1
+        self._hashed: tuple[int, str, dict[str, str]] = (-1, "", {})
+
+    def __enter__(self) -> Self:
+        try:
+            self._open()
+        except BaseException as error:
+            status = self._report(error)
+            self._close()
+            if status is None:
+                raise
+            raise RunEnded(status) from None
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        status = self._report(error) if error is not None else self._status
+        self._close()
+        if error is not None and status is None:
+            return
+        if status:
+            raise RunEnded(status) from None
+
+    def _report(self, error: BaseException) -> int | None:
+        """Emit ``failed`` for ``error``; its exit status, None for what must propagate."""
+        if isinstance(error, JobwardenError):
+            return self.emitter.failed(error)
+        if not isinstance(error, Exception):
+            return None  # KeyboardInterrupt, SystemExit: the program's own way out
+        trace = "".join(traceback.format_exception(error))
+        self.stderr(trace)
+        internal = WorkerInternalError(
+            f"{type(error).__name__}: {error}",
+            exception=type(error).__name__,
+            traceback=trace[-2000:],
+        )
+        return self.emitter.failed(internal)
+
+    @property
+    def total_steps(self) -> int:
+        """The step the run ends at (``[run] steps``)."""
+        return self.settings.run.steps
+
+    @property
+    def checkpoint_dir(self) -> Path | None:
+        """The checkpoint directory this run holds the writer lock of, if any."""
+        return self.settings.checkpoint_dir
+
+    @property
+    def preempted(self) -> bool:
+        """Whether the loop stopped for SIGTERM or a vanished reader (leaving exits 75)."""
+        return self._status == 75
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Write one event (dropped once nobody reads)."""
+        self.emitter.emit(kind, **fields)
+
+    @staticmethod
+    def stderr(text: str) -> None:
+        """Human output, for the log beside the events (never fatal: `events.human`)."""
+        human(text)
+
+    def _open(self) -> None:
+        request = self.request
+        environ = os.environ if request.environ is None else request.environ
+        events = None if RUN_FILE_ENV in environ else request.events  # a supervisor reads stdout
+        self._stream = EventStream.open(events, redirect_prints=request.redirect_prints)
+        self.emitter = self._stream.emitter
+        self.faults = FaultPlan(FaultSection(), self.emitter)
+        argv = sys.argv[1:] if request.argv is None else list(request.argv)
+        options, rest = split_argv(argv)
+        if request.argv is None:
+            sys.argv[1:] = rest
+        self.settings = settings = resolve(
+            checkpoint_dir=request.checkpoint_dir,
+            run=request.run,
+            faults=request.faults,
+            compile_cache=request.compile_cache,
+            signing_key=request.signing_key,
+            job_id=request.job_id,
+            options=options,
+            environ=environ,
+            checkpoints=request.checkpoints,
+        )
+        name = request.name or (Path(request.sources[0]).stem if request.sources else "program")
+        self.identity = Identity(
+            name=name,
+            job_id=settings.job_id or name,
+            train=normalize_config(request.config),
+            sources=tuple(source_paths(request.sources)),
+            data_hash=data_identity(request.data, request.data_hash, request.data_files),
+        )
+        external = request.checkpoints == "external"
+        key = None
+        if settings.signing_key is not None and not external:
+            key = load_key(settings.signing_key)
+        if settings.checkpoint_dir is not None:
+            self._lock = WriterLock(settings.checkpoint_dir).acquire()
+            self.generation = self._lock.generation
+            if not external:
+                self._store = CheckpointStore(settings.checkpoint_dir, self._lock, key)
+        self.preemption.install()
+        self.faults = FaultPlan(settings.faults, self.emitter)
+        warning = pin_before_start()
+        if warning:
+            self.stderr(warning + "\n")
+        import jax
+
+        if settings.compile_cache is not None:
+            enable_compilation_cache(settings.compile_cache)
+        self.runtime = runtime_identity()
+        self.emit(
+            "started",
+            pid=os.getpid(),
+            backend=jax.default_backend(),
+            devices=[str(d) for d in jax.devices()],
+            runtime=self.runtime,
+            job=self.identity.job_id,
+            task=self.identity.name,
+            checkpoint_dir=str(settings.checkpoint_dir or ""),
+            signing=key is not None,
+            checkpoints=request.checkpoints,
+            run=settings.run.model_dump(),
+            faults=settings.faults.model_dump(),
+        )
+        self._phase = Phase.ENTERED
+        self._mark = time.perf_counter()
+
+    def _close(self) -> None:
+        self._phase = Phase.CLOSED
+        self.preemption.uninstall()
+        if self._lock is not None:
+            self._lock.release()
+        if self._stream is not None:
+            self._stream.close()
+
+    def _leaves(self, state: Any) -> Leaves:
+        leaves = state_tree.flatten(state)
+        if any(not path for path, _ in leaves):
+            raise UsageError(
+                "the state must be a container of named components (a dict, a "
+                "tuple, an NNX State), not a bare array"
+            )
+        return leaves
+
+    def _before_start(self, what: str) -> None:
+        if self._phase is not Phase.ENTERED:
+            raise UsageError(f"{what} comes at most once, inside the run, before run.steps()")
+
+    def _started_at(self, step: int, *, restored: bool) -> None:
+        self.start_step = self._step = step
+        self._committed = step if restored else -1
+        self._phase = Phase.RESTORED
+        self._mark = time.perf_counter()
+
+    def _begin(self, state: Any) -> None:
+        if self._phase is Phase.STEPPING:
+            raise UsageError("run.steps() is called once per run")
+        if self._store is not None and self._phase is not Phase.RESTORED:
+            raise UsageError("call run.restore(init_state) before run.steps()")
+        if self._phase not in (Phase.ENTERED, Phase.RESTORED):
+            raise UsageError("run.steps() runs inside the run (`with jw.attach(...) as run:`)")
+        warmup = time.perf_counter() - self._mark
+        self._state, self._phase = state, Phase.STEPPING
+        digest, components = state_hash(self._leaves(state), self._step)
+        self._hashed = (self._step, digest, components)
+        self.emit(
+            "ready",
+            step=self._step,
+            warmup_s=warmup,
+            state_hash=digest,
+            components=components,
+            generation=self.generation,
+            quarantined=self._quarantined,
+        )
