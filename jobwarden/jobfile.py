@@ -1,7 +1,8 @@
 """Job files: TOML or JSON in, a frozen validated `Job` out, or every problem listed.
 
-One format serves the worker and the spool.  ``[train]`` holds the task's
-training fields (hashed into the config hash); ``[run]`` and ``[faults]`` are
+One format serves the worker and the spool.  A job runs a registered
+``task``, whose ``[train]`` fields are hashed into the config hash, or a user's
+own ``command`` (`jobwarden.program`).  ``[run]`` and ``[faults]`` are
 operational and never hashed, so a compatible retry may change them.
 """
 
@@ -17,6 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from jobwarden.decoding import loads_json, loads_toml
 from jobwarden.errors import JobFileError
+from jobwarden.program import (
+    HeartbeatSection,
+    Program,
+    argv_problem,
+    kind_problems,
+    workdir_problem,
+    workdir_problems,
+)
 from jobwarden.tasks import Task, TrainFields, known_tasks
 
 MAX_JOB_FILE_BYTES = 256 * 1024
@@ -76,7 +85,12 @@ class SupervisionSection(_Section):
 
 class _Document(_Section):
     id: str
-    task: str
+    task: str | None = None
+    command: list[str] | None = None
+    workdir: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    sdk: bool = True
+    heartbeat: HeartbeatSection | None = None
     checkpoint: str | None = None
     train: dict[str, Any] = Field(default_factory=dict)
     run: RunSection = RunSection()
@@ -87,21 +101,53 @@ class _Document(_Section):
         lambda value: value if value is None else check_name(value)
     )
 
+    @field_validator("command", mode="before")
+    @classmethod
+    def _argv(cls, value: Any) -> Any:
+        problem = argv_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str | None) -> str | None:
+        problem = workdir_problem(value) if value is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
 
 @dataclass(frozen=True)
 class Job:
-    """A validated job: task, training fields, run settings and faults."""
+    """A validated job: a task and its training fields, or a program; run settings, faults."""
 
     id: str
-    task: str
+    task: str | None
     checkpoint: str
     train: TrainFields
+    """The task's training fields; empty for a command job (its program's config is its own)."""
     run: RunSection
     faults: FaultSection
     supervision: SupervisionSection
+    program: Program | None = None
+
+    @property
+    def emits_events(self) -> bool:
+        """Whether the job's stdout carries jobwarden events (a task, or an SDK program)."""
+        return self.program is None or self.program.sdk
+
+    def label(self) -> str:
+        """What the job runs, in words: ``task linreg``, or ``command `python train.py```."""
+        if self.program is not None:
+            return f"command `{self.program.label()}`"
+        return f"task {self.task}"
 
     def task_instance(self) -> Task:
-        """The task object for this job's training fields."""
+        """The task object for this job's training fields; raises `JobFileError` for a
+        command job, which has none."""
+        if self.task is None:
+            raise JobFileError(self.id, ["task: a command job runs its own program, not a task"])
         return known_tasks()[self.task](self.train)
 
     def without_faults(self) -> Job:
@@ -111,11 +157,24 @@ class Job:
         return dataclasses.replace(self, faults=FaultSection())
 
     def train_fields(self) -> dict[str, Any]:
-        """The normalized training fields, defaults filled in."""
+        """The normalized training fields, defaults filled in (none for a command job)."""
         return self.train.model_dump()
 
     def to_record(self) -> dict[str, Any]:
-        """The normalized request, as JSON-ready data."""
+        """The normalized request, as JSON-ready data.
+
+        A command job keeps only the ``[run]`` and ``[faults]`` fields its file
+        sets: the others are its program's own, which the daemon does not know.
+        """
+        if self.program is not None:
+            return {
+                "id": self.id,
+                **self.program.to_record(),
+                "checkpoint": self.checkpoint,
+                "run": self.run.model_dump(exclude_unset=True),
+                "faults": self.faults.model_dump(exclude_unset=True),
+                "supervision": self.supervision.model_dump(),
+            }
         return {
             "id": self.id,
             "task": self.task,
@@ -150,8 +209,16 @@ def parse_text(text: str, fmt: Literal["toml", "json"]) -> dict[str, Any]:
     return loads_toml(text)
 
 
-def job_from_mapping(document: dict[str, Any], origin: str = "<job>") -> Job:
-    """Validate a decoded job document; raises `JobFileError` listing every problem."""
+def job_from_mapping(
+    document: dict[str, Any], origin: str = "<job>", *, check_workdir: bool = False
+) -> Job:
+    """Validate a decoded job document; raises `JobFileError` listing every problem.
+
+    A ``workdir`` must be absolute.  That it exists is a fact of the moment,
+    checked where a file comes in (``check_workdir``, as `job_from_bytes` does):
+    a job read back from its own folder is not lost when its workdir goes away;
+    its attempt then fails to launch, naming the directory.
+    """
     problems: list[str] = []
     parsed: _Document | None = None
     try:
@@ -165,15 +232,28 @@ def job_from_mapping(document: dict[str, Any], origin: str = "<job>") -> Job:
         problems.append(f"task: unknown task {task_name!r} (known: {', '.join(sorted(tasks))})")
     train: TrainFields | None = None
     raw_train = document.get("train", {})
-    if task_cls is not None and isinstance(raw_train, dict):
+    if task_cls is not None and isinstance(raw_train, dict) and "command" not in document:
         try:
             train = task_cls.Train.model_validate(raw_train)
         except ValidationError as error:
             problems.extend(_problems(error, "train."))
+    problems.extend(kind_problems(document))
+    workdir = document.get("workdir")
+    if check_workdir and isinstance(workdir, str) and workdir_problem(workdir) is None:
+        problems.extend(workdir_problems(workdir))
     if parsed is not None:
-        problems.extend(_fault_problems(parsed.run, parsed.faults))
-    if problems or parsed is None or train is None:
-        raise JobFileError(origin, problems or ["train: must be a table"])
+        partial = parsed.command is not None
+        problems.extend(_fault_problems(parsed.run, parsed.faults, partial=partial))
+    if problems or parsed is None:
+        raise JobFileError(origin, problems)
+    program = None
+    if parsed.command is not None:
+        program = Program(
+            tuple(parsed.command), parsed.workdir, dict(parsed.env), parsed.sdk, parsed.heartbeat
+        )
+        train = TrainFields()
+    elif train is None:
+        raise JobFileError(origin, ["train: must be a table"])
     return Job(
         id=parsed.id,
         task=parsed.task,
@@ -182,12 +262,21 @@ def job_from_mapping(document: dict[str, Any], origin: str = "<job>") -> Job:
         run=parsed.run,
         faults=parsed.faults,
         supervision=parsed.supervision,
+        program=program,
     )
 
 
-def _fault_problems(run: RunSection, faults: FaultSection) -> list[str]:
-    """Faults that could never fire are mistakes in a drill, not silent no-ops."""
-    found = []
+def _fault_problems(run: RunSection, faults: FaultSection, *, partial: bool = False) -> list[str]:
+    """Faults that could never fire are mistakes in a drill, not silent no-ops.
+
+    ``partial``: ``run`` holds only what a command job's file sets, the rest being
+    its program's own; only what can be told from those fields is checked here
+    (the SDK checks the rest when the run is entered).
+    """
+    found: list[str] = []
+    known = run.model_fields_set if partial else set(RunSection.model_fields)
+    if "steps" not in known:
+        return found
     for name in ("fail_after", "crash_after", "crash_in_commit", "stall_at"):
         step = getattr(faults, name)
         if step is not None and step > run.steps:
@@ -195,6 +284,8 @@ def _fault_problems(run: RunSection, faults: FaultSection) -> list[str]:
                 f"faults.{name}: {step} is past run.steps = {run.steps}; the fault would never fire"
             )
     step = faults.crash_in_commit
+    if "checkpoint_every" not in known:
+        return found
     if step is not None and step <= run.steps and step % run.checkpoint_every and step != run.steps:
         found.append(
             f"faults.crash_in_commit: step {step} is not a checkpoint step "
@@ -204,7 +295,8 @@ def _fault_problems(run: RunSection, faults: FaultSection) -> list[str]:
 
 
 def job_from_bytes(raw: bytes, origin: str, fmt: Literal["toml", "json"]) -> Job:
-    """Validate a job file's bytes; raises `JobFileError` listing every problem."""
+    """Validate a job file's bytes, and that a command job's workdir exists; raises
+    `JobFileError` listing every problem."""
     if len(raw) > MAX_JOB_FILE_BYTES:
         raise JobFileError(
             origin, [f"file is {len(raw)} bytes, over the {MAX_JOB_FILE_BYTES}-byte limit"]
@@ -213,7 +305,7 @@ def job_from_bytes(raw: bytes, origin: str, fmt: Literal["toml", "json"]) -> Job
         document = parse_text(raw.decode(), fmt)
     except (ValueError, UnicodeDecodeError) as error:
         raise JobFileError(origin, [f"syntax: {error}"]) from error
-    return job_from_mapping(document, origin)
+    return job_from_mapping(document, origin, check_workdir=True)
 
 
 def format_of(path: Path) -> Literal["toml", "json"]:

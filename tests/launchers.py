@@ -81,6 +81,7 @@ class BashLauncher(Launcher):
                 stdout=asyncio.subprocess.PIPE,
                 stderr=stderr,
                 env=spec.env,
+                cwd=spec.cwd,
                 start_new_session=True,
                 limit=LINE_LIMIT,
             )

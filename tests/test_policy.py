@@ -137,6 +137,53 @@ class TestDecide:
         assert len(incompatible) == 11
 
 
+class TestPlainProgram:
+    """A program without the SDK emits no events: its exit status is all it says."""
+
+    def test_exit_zero_completes(self) -> None:
+        """Exit 0 of a plain program the daemon did not stop is its completion."""
+        assert Completed("attempt 1 completed") == decide(
+            AttemptReport(1, emits_events=False), status=0
+        )
+
+    def test_exit_zero_after_a_stall_stop_is_a_stall(self) -> None:
+        """A plain program that exits 0 on the daemon's SIGTERM after a stall did not finish."""
+        outcome = decide(AttemptReport(1, stopped_by=StopReason.STALL, emits_events=False), 0)
+        assert isinstance(outcome, Restart)
+        assert outcome.kind == K.STALL
+
+    def test_exit_zero_after_a_memory_stop_is_an_rss_failure(self) -> None:
+        """Stopped over max_rss_mb, exit 0 or not: an rss failure, restarted."""
+        outcome = decide(AttemptReport(1, stopped_by=StopReason.RSS, emits_events=False), 0)
+        assert isinstance(outcome, Restart)
+        assert outcome.kind == K.RSS_LIMIT
+
+    def test_operator_stop_preempts_even_with_exit_zero(self) -> None:
+        """An operator's stop of a plain program waits for resume, whatever it exits with."""
+        report = AttemptReport(1, stopped_by=StopReason.OPERATOR, emits_events=False)
+        assert Preempted("stopped by operator at step 5") == decide(report, 0)
+
+    @pytest.mark.parametrize("status", [1, -9])
+    def test_a_failing_exit_is_a_crash(self, status: int) -> None:
+        """A nonzero exit or a signal is a crash, restarted within the budget."""
+        outcome = decide(AttemptReport(1, emits_events=False), status)
+        assert isinstance(outcome, Restart)
+        assert outcome.kind == K.CRASH
+
+    def test_exit_75_is_a_crash_not_a_preemption(self) -> None:
+        """75 is the SDK's preempted status; from a plain program it is just a failure."""
+        outcome = decide(AttemptReport(1, emits_events=False), PreemptedExit.exit_status)
+        assert isinstance(outcome, Restart)
+        assert outcome.kind == K.CRASH
+
+    def test_spent_budget_fails(self) -> None:
+        """A plain program's restarts are bounded by max_restarts like any job's."""
+        outcome = decide(
+            AttemptReport(2, emits_events=False), 1, record(restarts=1, max_restarts=1)
+        )
+        assert Fail("crash; max_restarts exhausted", K.CRASH) == outcome
+
+
 class TestBudget:
     def test_first_restart_waits_the_base_backoff(self) -> None:
         """Restart 1 waits restart_backoff_s."""

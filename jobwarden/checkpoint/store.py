@@ -328,13 +328,17 @@ def _provenance_refusals(
     """The restore checks that need no JAX (task, training fields, step, generation) that fail."""
     where = str(path)
     named = NAME.fullmatch(path.name)
-    found = [
-        _refusal(check_config, where, manifest, job.task, job.train_fields()),
-        _refusal(
-            check_step, where, manifest.step, job.run.steps, int(named.group(1)) if named else None
-        ),
-        _refusal(check_generation, where, manifest.provenance.writer_generation, generation),
-    ]
+    found = []
+    # A command job's program holds its own config (the SDK checks it on restore), and its
+    # own step count unless the job file sets one.
+    if job.task is not None:
+        found.append(_refusal(check_config, where, manifest, job.task, job.train_fields()))
+    if job.task is not None or "steps" in job.run.model_fields_set:
+        step_in_name = int(named.group(1)) if named else None
+        found.append(_refusal(check_step, where, manifest.step, job.run.steps, step_in_name))
+    found.append(
+        _refusal(check_generation, where, manifest.provenance.writer_generation, generation)
+    )
     return [text for text in found if text is not None]
 
 

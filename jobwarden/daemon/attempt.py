@@ -1,16 +1,27 @@
-"""A live attempt of a job, as its supervisor sees it."""
+"""A live attempt of a job, as its supervisor sees it, and the one place its launch is prepared.
+
+A task job runs the built-in worker on the attempt's job file.  A command job
+runs its own argv in its workdir (default: the attempt's folder), with the
+job's ``env`` laid over the daemon's allow-listed worker environment and
+``JOBWARDEN_RUN_FILE`` naming the attempt's ``run.json``: a
+`jobwarden.sdk.RunFile` that tells the program its checkpoint directory and the
+``[run]`` and ``[faults]`` fields its job file sets (faults only in the first
+attempt).
+"""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jobwarden.daemon.heartbeat import Heartbeat
 from jobwarden.daemon.incidents import Incident
 from jobwarden.daemon.jobs import JobRecord
-from jobwarden.daemon.launcher import LaunchSpec, RunningAttempt
+from jobwarden.daemon.launcher import EVENTS_FILE, OUTPUT_FILE, LaunchSpec, RunningAttempt
 from jobwarden.daemon.layout import Root
 from jobwarden.daemon.policy import AttemptReport, StopReason
 from jobwarden.daemon.recovery import Verdict
@@ -18,16 +29,20 @@ from jobwarden.daemon.stall import StallWatch
 from jobwarden.daemon.verification import ReplayVerifier
 from jobwarden.events import Event
 from jobwarden.files import write_text_atomic
+from jobwarden.jobfile import Job
+from jobwarden.program import Program
+from jobwarden.sdk.settings import RUN_FILE_ENV, RunFile
 from jobwarden.worker.command import worker_argv
 
 CPU_MARK_EVERY_S = 0.5
+RUN_FILE = "run.json"
 
 
 def prepare(
     root: Root, record: JobRecord, cache: Path, signing_key: Path | None, env: dict[str, str]
 ) -> LaunchSpec:
     """Write the attempt's folder and job file (faults only in the first attempt), and the
-    launch spec running the worker on them."""
+    launch spec: the worker on them, or the job's own program and its run file."""
     attempts = root.job(record.id) / "attempts"
     attempts.mkdir(mode=0o700, exist_ok=True)
     folder = attempts / str(record.attempt)
@@ -35,8 +50,62 @@ def prepare(
     job = record.job if record.attempt == 1 else record.job.without_faults()
     job_file = folder / "job.json"
     write_text_atomic(job_file, json.dumps(job.to_record(), indent=2) + "\n")
-    argv = worker_argv(job_file, root.checkpoints / record.checkpoint, cache, signing_key)
-    return LaunchSpec(record.id, record.attempt, folder, argv, dict(env))
+    checkpoint_dir = root.checkpoints / record.checkpoint
+    program = job.program
+    if program is None:
+        argv = worker_argv(job_file, checkpoint_dir, cache, signing_key)
+        return LaunchSpec(record.id, record.attempt, folder, argv, dict(env))
+    if not program.sdk:  # the SDK makes its own, private; a plain program finds it made
+        checkpoint_dir.mkdir(mode=0o700, exist_ok=True)
+    run_file = folder / RUN_FILE
+    write_text_atomic(run_file, run_file_text(job, checkpoint_dir, cache, signing_key))
+    return LaunchSpec(
+        record.id,
+        record.attempt,
+        folder,
+        list(program.argv),
+        program_environment(env, program, run_file),
+        cwd=Path(program.workdir) if program.workdir is not None else folder,
+        stdout=stdout_name(job),
+    )
+
+
+def stdout_name(job: Job) -> str:
+    """The file of an attempt's folder that keeps its stdout: events, or a plain program's
+    own output."""
+    return EVENTS_FILE if job.emits_events else OUTPUT_FILE
+
+
+def output_entry(raw: bytes) -> dict[str, Any]:
+    """One line of a plain program's ``output.log``, as the ``events`` command gives it."""
+    return {"event": "output", "line": raw.decode(errors="replace")}
+
+
+def run_file_text(job: Job, checkpoint_dir: Path, cache: Path, signing_key: Path | None) -> str:
+    """The `RunFile` of one attempt of a command job, as JSON.
+
+    Only the fields the job file sets are written (``exclude_unset``), so the
+    program's own settings stand for the rest (docs/sdk.md, "Settings").
+    """
+    given: dict[str, Any] = {"signing_key": str(signing_key)} if signing_key else {}
+    document = RunFile(
+        v=1,
+        checkpoint_dir=str(checkpoint_dir),
+        job_id=job.id,
+        run=job.run,
+        faults=job.faults,
+        compile_cache=str(cache),
+        **given,
+    )
+    return document.model_dump_json(exclude_unset=True, indent=2) + "\n"
+
+
+def program_environment(
+    base: Mapping[str, str], program: Program, run_file: Path
+) -> dict[str, str]:
+    """A command job's environment: the allow-listed ``base``, the job's ``env`` over it,
+    and ``JOBWARDEN_RUN_FILE`` (the launcher adds ``JOBWARDEN_SUPERVISOR_PID``)."""
+    return {**base, **program.env, RUN_FILE_ENV: str(run_file)}
 
 
 @dataclass
@@ -56,11 +125,18 @@ class Attempt:
     checkpoint: tuple[int, str] | None = None
     cpu_mark: tuple[float, float] | None = None
     stall_evidence: dict[str, Any] | None = None
+    heartbeat: Heartbeat | None = None
+    """A plain program's heartbeat watch (None for a job that emits events)."""
 
     @property
     def folder(self) -> Path:
-        """The attempt's evidence folder (events.jsonl, stderr.log, exit.json, job.json)."""
+        """The attempt's evidence folder (stdout, stderr.log, exit.json, job.json, run.json)."""
         return self.running.spec.folder
+
+    @property
+    def stdout(self) -> Path:
+        """The file holding the attempt's stdout: events.jsonl, or a plain program's output.log."""
+        return self.folder / self.running.spec.stdout
 
     @property
     def incident(self) -> Incident | None:
@@ -76,7 +152,7 @@ class Attempt:
             self.stall.alive(stall_timeout_s)
         if kind == "progress":
             self.last_progress = self.last_event
-            self._mark_cpu()
+            self.mark_cpu()
         elif kind == "checkpoint":
             self.checkpoint = (event["step"], event["file"])
         elif kind == "completed":
@@ -84,7 +160,12 @@ class Attempt:
         elif kind == "failed":
             self.failure = event
 
-    def _mark_cpu(self) -> None:
+    def beat(self, stall_timeout_s: float) -> None:
+        """A plain program's heartbeat: forward motion, as ``progress`` is for an SDK program."""
+        self.stall.alive(stall_timeout_s)
+        self.mark_cpu()
+
+    def mark_cpu(self) -> None:
         """Note the CPU time used so far, at most every half second, for stall evidence."""
         now = time.monotonic()
         if self.cpu_mark is None or now - self.cpu_mark[0] > CPU_MARK_EVERY_S:
@@ -109,4 +190,5 @@ class Attempt:
             failure_message=failure["message"] if failure is not None else None,
             stopped_by=self.stop_reason,
             mismatch_step=self.verifier.mismatch_step if self.verifier is not None else None,
+            emits_events=self.record.job.emits_events,
         )

@@ -22,6 +22,7 @@ from jobwarden.checkpoint.signing import load_key
 from jobwarden.checkpoint.store import directory_verdicts
 from jobwarden.control.protocol import MAX_INT, PROTOCOL_VERSION, ControlError, Encoded, is_int
 from jobwarden.daemon import metrics
+from jobwarden.daemon.attempt import output_entry, stdout_name
 from jobwarden.daemon.jobs import JobRecord
 from jobwarden.daemon.spool import Rejection, name_problems
 from jobwarden.decoding import loads_json
@@ -206,11 +207,14 @@ def events(daemon: Wardend, args: dict[str, Any]) -> Any:
     offset = int_arg(args, "offset", 0, 0)
     lines: list[dict[str, Any]] = []
     while attempt <= record.attempt and len(lines) < EVENTS_PER_REQUEST:
-        path = daemon.root.job(record.id) / "attempts" / str(attempt) / "events.jsonl"
-        data = _read_from(path, offset)
+        folder = daemon.root.job(record.id) / "attempts" / str(attempt)
+        data = _read_from(folder / stdout_name(record.job), offset)
         complete = data[: data.rfind(b"\n") + 1]
         for raw in complete.split(b"\n")[:-1][: EVENTS_PER_REQUEST - len(lines)]:
             offset += len(raw) + 1
+            if not record.job.emits_events:
+                lines.append({"attempt": attempt, **output_entry(raw)})
+                continue
             try:
                 event = loads_json(raw)
             except ValueError as error:

@@ -1,37 +1,47 @@
 """Diagnosis: how an attempt's failure reads, and the evidence it leaves.
 
 Functions of the attempt's evidence that build incidents; what *kind* of
-failure it was, and what follows, is the policy's (`daemon.policy`).
+failure it was, and what follows, is the policy's (`daemon.policy`).  The texts
+name what the job runs (its task, or its command); a plain program's are in
+`daemon.plain`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import signal
 import time
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from jobwarden.checkpoint.store import CheckpointStore
-from jobwarden.daemon import evidence
+from jobwarden.daemon import plain
 from jobwarden.daemon.attempt import Attempt
 from jobwarden.daemon.incidents import Incident
 from jobwarden.daemon.jobs import JobRecord
-from jobwarden.daemon.launcher import ExitInfo
+from jobwarden.daemon.launcher import EVENTS_FILE, OUTPUT_FILE, ExitInfo
 from jobwarden.daemon.layout import Root
 from jobwarden.daemon.policy import IncidentKind
 from jobwarden.daemon.recovery import ReplayPlan
 from jobwarden.daemon.stall import StallPhase
+from jobwarden.daemon.stalled import STALL_KILL_GRACE_S
 from jobwarden.daemon.verification import ReplayVerifier
 from jobwarden.events import Event
 from jobwarden.states import JobState
 
-log = structlog.get_logger("wardend.diagnosis")
 K = IncidentKind
-STALL_KILL_GRACE_S = 1.0
-STACK_DUMP_WAIT_S = 0.3
+
+
+INJECTED_AS = {
+    K.CRASH: ("fail_after", "crash_after", "crash_in_commit"),
+    K.STALL: ("stall_at",),
+}
+"""The drill faults that cause each kind of failure."""
+
+
+def awaited(attempt: Attempt, phase: StallPhase) -> str:
+    """What the stall watch waited for: ``ready``, ``progress``, or a plain program's heartbeat."""
+    if not attempt.record.job.emits_events:
+        return "heartbeat"
+    return "ready" if phase is StallPhase.STARTUP else "progress"
 
 
 def escalation_reason(attempt: Attempt, kind: IncidentKind) -> str:
@@ -46,10 +56,10 @@ def escalation_reason(attempt: Attempt, kind: IncidentKind) -> str:
 
 
 MISMATCH_OUTCOME = (
-    "Escalated: the worker was stopped at once (SIGKILL, so it commits nothing more), "
-    "every file is kept, and no restart follows. A person must compare the saved key, "
-    "momentum, step and the data, config and source hashes (wardenctl inspect) before "
-    "deciding."
+    "Escalated: the attempt was stopped at once (SIGKILL, so it commits nothing more), "
+    "every file is kept, and no restart follows. A person must compare the saved state's "
+    "components (the one the verification names first), its step and the data, config "
+    "and source hashes (wardenctl inspect) before deciding."
 )
 
 
@@ -92,13 +102,16 @@ def recovery_action(attempt: Attempt, verifier: ReplayVerifier, ready: Event) ->
     delay = verifier.incident.details.get("backoff_s", 0.0)
     generation = ready.get("generation")
     pid = attempt.running.pid
+    faults = record.job.faults
+    drills = "faults still on (every_attempt)" if faults.every_attempt else "faults off"
     return {
         "attempt": attempt.number,
         "pid": pid,
         "writer_generation": generation,
         "text": (
             f"Started attempt {attempt.number} (pid {pid}, writer generation {generation}) "
-            f"as the single writer of checkpoint '{record.checkpoint}', with faults off, "
+            f"of {record.job.label()} as the single writer of checkpoint "
+            f"'{record.checkpoint}', with {drills}, "
             f"resuming from step {ready['step'] if restored is None else restored} after a "
             f"{delay:.2f} s backoff (restart {record.restarts} of at most "
             f"{record.job.supervision.max_restarts})."
@@ -110,6 +123,8 @@ def symptom(attempt: Attempt, info: ExitInfo, kind: IncidentKind) -> str:
     """What was seen, from the attempt's own evidence."""
     failure, record = attempt.failure, attempt.record
     last = attempt.last_event or {}
+    if not record.job.emits_events:
+        return plain.symptom(attempt, info, kind)
     if kind is K.STALL and attempt.stall_evidence is not None:
         ev = attempt.stall_evidence
         cpu = ev.get("cpu_during_gap") or {}
@@ -120,12 +135,12 @@ def symptom(attempt: Attempt, info: ExitInfo, kind: IncidentKind) -> str:
         )
         awaited = "ready" if ev["phase"] == StallPhase.STARTUP else "progress"
         return (
-            f"Attempt {attempt.number} made no {awaited} "
-            f"event for {ev['gap_s']:.2f} s (timeout {ev['timeout_s']:g} s, overshoot "
+            f"Attempt {attempt.number} of job {record.id} ({record.job.label()}) made no "
+            f"{awaited} event for {ev['gap_s']:.2f} s (timeout {ev['timeout_s']:g} s, overshoot "
             f"{ev['overshoot_s'] * 1000:.0f} ms) after its last event "
             f"({last.get('event')} at step {last.get('step')}). psutil status "
             f"{ev.get('psutil_status')}, CPU {cpu.get('cpu_s')} s over "
-            f"{cpu.get('over_s')} s ({cpu.get('percent')}%): the worker was {verdict}. "
+            f"{cpu.get('over_s')} s ({cpu.get('percent')}%): the program was {verdict}. "
             f"It was stopped (SIGTERM, {STALL_KILL_GRACE_S:g} s grace, SIGKILL)."
         )
     how = f"was killed by {info.signal}" if info.signal else f"exited with status {info.status}"
@@ -135,8 +150,8 @@ def symptom(attempt: Attempt, info: ExitInfo, kind: IncidentKind) -> str:
         else " without a failed event"
     )
     return (
-        f"Attempt {attempt.number} of job {record.id} {how}{what} after "
-        f"{info.duration_s:.2f} s; its last event was {last.get('event')} at step "
+        f"Attempt {attempt.number} of job {record.id} ({record.job.label()}) {how}{what} "
+        f"after {info.duration_s:.2f} s; its last event was {last.get('event')} at step "
         f"{last.get('step')}."
     )
 
@@ -146,15 +161,14 @@ def prevention(attempt: Attempt, kind: IncidentKind, incident: Incident) -> list
     job = attempt.record.job
     faults = job.faults if attempt.number == 1 or job.faults.every_attempt else None
     lines = []
-    if faults is not None and faults.active():
-        set_faults = {
-            k: v
-            for k, v in faults.model_dump().items()
-            if v is not None and k in ("fail_after", "crash_after", "crash_in_commit", "stall_at")
-        }
+    if not job.emits_events:
+        return plain.prevention(attempt, kind, incident)
+    injecting = INJECTED_AS.get(kind, ()) if faults is not None else ()
+    set_faults = {k: getattr(faults, k) for k in injecting if getattr(faults, k) is not None}
+    if set_faults:
         lines.append(
             f"This failure was injected by a drill ([faults] {set_faults}); drill "
-            "faults apply to the first attempt only. Nothing to fix in the model; "
+            "faults apply to the first attempt only. Nothing to fix in the program; "
             "keep [faults] out of production job files."
         )
     elif kind is K.CRASH:
@@ -166,7 +180,7 @@ def prevention(attempt: Attempt, kind: IncidentKind, incident: Incident) -> list
     elif kind is K.STALL:
         lines.append(
             f"Read the stack dump in {incident.evidence.get('stack dump')}: the "
-            "innermost frame of the main thread is where the worker waited."
+            "innermost frame of the main thread is where the program waited."
         )
     elif kind is K.RSS_LIMIT:
         lines.append(
@@ -198,20 +212,33 @@ def failure_incident(
         attempt=attempt.number,
         symptom=symptom_text,
     )
+    bare = not record.job.emits_events
     incident.evidence = {
-        "events": str(folder / "events.jsonl"),
+        "output" if bare else "events": str(attempt.stdout),
         "stderr": str(folder / "stderr.log"),
         "exit": str(folder / "exit.json"),
         "attempt job file": str(folder / "job.json"),
     }
+    if record.job.program is not None:
+        incident.evidence["run file"] = str(folder / "run.json")
     if attempt.stall_evidence is not None:
-        incident.evidence["stack dump"] = attempt.stall_evidence["stack_dump_file"]
+        if attempt.stall_evidence["stack_dump_file"] is not None:
+            incident.evidence["stack dump"] = attempt.stall_evidence["stack_dump_file"]
         incident.details.update(
             {k: v for k, v in attempt.stall_evidence.items() if k != "stack_dump_file"}
         )
-    plan = ReplayPlan.from_events(attempt.number, folder / "events.jsonl")
+    beat = attempt.heartbeat
+    if beat is not None:
+        incident.details["heartbeat"] = {
+            "beats": beat.beats,
+            "last": beat.last_beat,
+            "last_time": beat.last_beat_time,
+            "output_lines": beat.lines,
+            "last_line": beat.last_line,
+        }
+    plan = ReplayPlan.from_events(attempt.number, folder / EVENTS_FILE)
     checkpoint = attempt.checkpoint
-    if checkpoint is None and checkpoint_dir.is_dir():
+    if checkpoint is None and checkpoint_dir.is_dir() and not bare:
         committed = CheckpointStore(checkpoint_dir).committed()
         checkpoint = (committed[-1][0], str(committed[-1][1])) if committed else None
     incident.boundary = {
@@ -220,7 +247,9 @@ def failure_incident(
         "checkpoint_step": checkpoint[0] if checkpoint else None,
         "checkpoint_file": checkpoint[1] if checkpoint else None,
     }
-    incident.details["last_progress_time"] = plan.last_progress_time
+    incident.details["last_progress_time"] = plan.last_progress_time or (
+        beat.last_beat_time if beat is not None else None
+    )
     if attempt.failure is not None:
         incident.details["failure"] = dict(attempt.failure.fields)
     events = attempt.running.events
@@ -230,9 +259,14 @@ def failure_incident(
             "bytes": events.lost_bytes,
             "error": events.error,
         }
+        what, then = (
+            ("output", ".")
+            if bare
+            else ("events", "; the replay proof can only use what was kept.")
+        )
         incident.symptom += (
-            f" {events.lost_bytes} bytes of its events could not be kept in {events.path}: "
-            f"{events.error}; the replay proof can only use what was kept."
+            f" {events.lost_bytes} bytes of its {what} could not be kept in {events.path}: "
+            f"{events.error}{then}"
         )
     incident.prevention = prevention(attempt, kind, incident)
     return incident
@@ -243,14 +277,17 @@ def restart_incident(
 ) -> Incident:
     """The incident of a job found active (or preempted by a stop) when the daemon starts."""
     planned = record.state is JobState.PREEMPTED
+    bare = not record.job.emits_events
+    logged = "" if bare else f" (last logged update {plan.last_logged_step})"
     text = (
-        f"The daemon was stopped and preempted attempt {record.attempt} at step "
-        f"{record.step}; the daemon has restarted."
+        f"The daemon was stopped and preempted attempt {record.attempt} of "
+        f"{record.job.label()} at step {record.step}; the daemon has restarted."
         if planned
-        else f"The daemon stopped while attempt {record.attempt} was {record.state.value} "
-        f"(last logged update {plan.last_logged_step}); the daemon has restarted and its "
-        f"worker (pid {previous_pid}) is gone."
+        else f"The daemon stopped while attempt {record.attempt} of {record.job.label()} "
+        f"was {record.state.value}{logged}; the daemon has restarted and its program "
+        f"(pid {previous_pid}) is gone."
     )
+    stdout = ("output", OUTPUT_FILE) if bare else ("events", EVENTS_FILE)
     return Incident(
         id=f"{record.id}-{number}",
         job=record.id,
@@ -258,7 +295,7 @@ def restart_incident(
         opened=time.time(),
         attempt=record.attempt,
         symptom=text,
-        evidence={"events": str(folder / "events.jsonl"), "stderr": str(folder / "stderr.log")},
+        evidence={stdout[0]: str(folder / stdout[1]), "stderr": str(folder / "stderr.log")},
         boundary={
             "last_logged_step": plan.last_logged_step,
             "last_logged_hash": plan.logged.get(plan.last_logged_step),
@@ -310,58 +347,3 @@ def duplicate_writer_incident(
         ],
         closed=now,
     )
-
-
-async def stall_evidence(
-    attempt: Attempt, phase: StallPhase, gap: float, timeout: float
-) -> dict[str, Any]:
-    """What a stalled worker was doing: psutil status, CPU used in the gap, every thread's stack.
-
-    The stack dump comes from the worker's faulthandler (SIGUSR1), read back from
-    its stderr and also kept as ``stack-dump.txt``.  About 0 % CPU is a hung
-    worker, about 100 % a spinning one.
-    """
-    sample = attempt.running.sample()
-    cpu_gap = None
-    if attempt.cpu_mark is not None and "cpu_s" in sample:
-        mark_time, mark_cpu = attempt.cpu_mark
-        span = time.monotonic() - mark_time
-        used = sample["cpu_s"] - mark_cpu
-        cpu_gap = {
-            "cpu_s": round(used, 3),
-            "over_s": round(span, 3),
-            "percent": round(100 * used / span, 1) if span > 0 else None,
-        }
-    stderr_path = attempt.folder / "stderr.log"
-    offset = stderr_path.stat().st_size if stderr_path.exists() else 0
-    attempt.running.signal(signal.SIGUSR1)
-    await asyncio.sleep(STACK_DUMP_WAIT_S)
-    try:
-        with stderr_path.open("rb") as stream:
-            stream.seek(offset)
-            dump = stream.read(64 * 1024).decode(errors="replace")
-    except OSError as error:
-        dump = f"(no stack dump: {evidence.describe(error)})"
-    dump_path = attempt.folder / "stack-dump.txt"
-    evidence.keep(dump_path, dump)
-    log.warning(
-        "attempt.stalled",
-        job=attempt.record.id,
-        attempt=attempt.number,
-        phase=phase.value,
-        gap_s=gap,
-        status=sample.get("status"),
-        cpu=cpu_gap,
-    )
-    return {
-        "phase": phase,
-        "timeout_s": timeout,
-        "gap_s": round(gap, 4),
-        "overshoot_s": round(gap - timeout, 4),
-        "last_event": attempt.last_event,
-        "last_progress": attempt.last_progress,
-        "psutil_status": sample.get("status"),
-        "cpu_during_gap": cpu_gap,
-        "stack_dump": dump,
-        "stack_dump_file": str(dump_path),
-    }

@@ -29,6 +29,10 @@ from jobwarden.events import Event, Malformed, parse_line
 
 LINE_LIMIT = 1 << 20
 ENTRY_POINT_GROUP = "jobwarden.launchers"
+EVENTS_FILE = "events.jsonl"
+"""Where an attempt's stdout is kept when it carries jobwarden events."""
+OUTPUT_FILE = "output.log"
+"""... and where it is kept for a plain program, whose stdout is its own output."""
 
 OnEvent = Callable[[Event], None]
 OnMalformed = Callable[[Malformed], None]
@@ -52,6 +56,8 @@ class LaunchSpec:
     env: dict[str, str]
     cwd: Path | None = None
     processes: int = 1
+    stdout: str = EVENTS_FILE
+    """The file in ``folder`` that keeps every byte of stdout (`EVENTS_FILE`, `OUTPUT_FILE`)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ class RunningAttempt(abc.ABC):
         self.spec = spec
         self.ended = asyncio.Event()
         self.exit_info: ExitInfo | None = None
-        self.events = EvidenceFile(spec.folder / "events.jsonl")
+        self.events = EvidenceFile(spec.folder / spec.stdout)
 
     @property
     @abc.abstractmethod
@@ -92,8 +98,10 @@ class RunningAttempt(abc.ABC):
         """Dispatch every event line until the attempt ends, then return how it ended.
 
         Implementations keep every byte of the event stream in `events`
-        (``folder/events.jsonl``), set `exit_info` and `ended` before returning,
-        and never raise for anything the attempt wrote or the disk refused.
+        (``folder/<spec.stdout>``), set `exit_info` and `ended` before returning,
+        and never raise for anything the attempt wrote or the disk refused.  A
+        plain program's lines are dispatched too (mostly as malformed): what
+        they mean is the supervisor's business.
         """
 
     @abc.abstractmethod

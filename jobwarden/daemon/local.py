@@ -1,8 +1,9 @@
 """The local launcher: each attempt is a process group on this box, watched with psutil.
 
-The worker starts in a new session (its own process group), stdin from
-/dev/null, stdout a pipe whose every byte is kept in ``events.jsonl``, stderr
-straight into ``stderr.log``.  Its exit is learned from asyncio's child watcher;
+The worker starts in a new session (its own process group), in the spec's
+working directory, stdin from /dev/null, stdout a pipe whose every byte is kept
+(``events.jsonl``, or ``output.log`` for a plain program), stderr straight into
+``stderr.log``.  Its exit is learned from asyncio's child watcher;
 a kill reaches the whole group, so nothing the worker started outlives it.
 """
 

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from jobwarden.daemon import diagnosis, policy
+from jobwarden.daemon import diagnosis, plain, policy
 from jobwarden.daemon.attempt import Attempt
 from jobwarden.daemon.incidents import Incident
 from jobwarden.daemon.jobs import JobRecord
 from jobwarden.daemon.launcher import ExitInfo
 from jobwarden.daemon.recovery import Verdict
+from jobwarden.daemon.verification import ReplayVerifier
 from jobwarden.states import JobState
 
 if TYPE_CHECKING:
@@ -33,9 +34,30 @@ def complete(
     """The job finished; a recovery it made on the way says so in its incident."""
     verifier = attempt.verifier if attempt is not None else None
     if verifier is not None and verifier.verdict in (Verdict.VERIFIED, Verdict.UNVERIFIED):
-        verifier.incident.outcome += f" The job then completed at step {record.step}."
+        verifier.incident.outcome += (
+            f" The job then completed at step {record.step}."
+            if record.job.emits_events
+            else " The program then exited 0: the job completed."
+        )
         s.incidents.write(verifier.incident, "incident.job_completed")
     s.table.transition(record, S.COMPLETED, outcome.reason, step=record.step)
+
+
+def recovered_unverified(
+    s: Services, record: JobRecord, attempt: Attempt, verifier: ReplayVerifier
+) -> None:
+    """A plain program's recovery attempt has started: its incident is concluded unverified
+    at once (no state was logged, so there is nothing to wait for) and the job runs on."""
+    verifier.unverifiable()
+    incident = verifier.incident
+    incident.action = plain.recovery_action(attempt, incident)
+    s.incidents.conclude(
+        incident, "unverified", plain.unverified_text(attempt), "incident.unverified"
+    )
+    if record.state is S.RECOVERING:
+        s.table.transition(
+            record, S.RUNNING, "recovery unverified (a plain program)", verdict="unverified"
+        )
 
 
 def preempt(

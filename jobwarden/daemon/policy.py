@@ -10,7 +10,9 @@ The rules, in the order they apply:
 1. stopped by the daemon because a replayed state differed: `Escalate`;
 2. stopped by an operator, or by the daemon's shutdown, before completing:
    `Preempted` (after a shutdown, resumed when the daemon starts again);
-3. exit status 0 after a ``completed`` event: `Completed`;
+3. exit status 0 after a ``completed`` event: `Completed`; for a plain program,
+   which emits no events (``emits_events`` false), exit status 0 of an attempt
+   the daemon did not stop;
 4. anything else is a failure of some `IncidentKind` (`classify`):
    - kinds a restart cannot mend (an incompatible or exhausted checkpoint
      directory, a duplicate writer, an invalid request...): `Escalate`;
@@ -114,6 +116,14 @@ class AttemptReport:
     failure_message: str | None = None
     stopped_by: StopReason | None = None
     mismatch_step: int | None = None
+    emits_events: bool = True
+    """False for a plain program (no SDK): it never reports ``completed`` or a failure code."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether the attempt did its work, as far as it can say: a ``completed`` event, or
+        for a plain program an end the daemon did not cause (its exit status decides)."""
+        return self.completed if self.emits_events else self.stopped_by is None
 
 
 @dataclass(frozen=True)
@@ -180,7 +190,7 @@ def classify(report: AttemptReport, status: int) -> IncidentKind:
         return K.RSS_LIMIT
     if report.failure_code in ESCALATING_CODES:
         return ESCALATING_CODES[report.failure_code]
-    if status == PreemptedExit.exit_status:
+    if status == PreemptedExit.exit_status and report.emits_events:
         return K.PREEMPTION
     return K.CRASH
 
@@ -202,7 +212,7 @@ def decide(record: JobRecord, report: AttemptReport, exit: ExitInfo) -> Outcome:
             f"daemon shutdown preempted attempt {report.number} at step {step}",
             resume_on_start=True,
         )
-    if exit.status == 0 and report.completed:
+    if exit.status == 0 and report.finished:
         return Completed(f"attempt {report.number} completed")
     kind = classify(report, exit.status)
     if kind in ESCALATING_KINDS:

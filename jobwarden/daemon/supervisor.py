@@ -1,7 +1,8 @@
 """One supervisor per live job: it owns the attempt and applies the policy's outcomes.
 
 A `JobSupervisor` starts attempts through the daemon's `Launcher`, follows
-their events (progress, stalls, the replay proof), and when an attempt ends
+their events (progress, stalls, the replay proof) or, for a plain program,
+its output and heartbeat (`daemon.heartbeat`), and when an attempt ends
 asks `policy.decide` what follows, then applies that `Outcome`: incidents are
 opened and concluded, the job's state moves through `JobTable.transition`,
 and a restart is a timer on the loop.  It runs on the daemon's one loop, and
@@ -11,6 +12,7 @@ tells the daemon through ``on_settled`` when the job no longer needs a slot.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Callable, Coroutine
@@ -20,8 +22,9 @@ from typing import Any
 
 import structlog
 
-from jobwarden.daemon import diagnosis, evidence, outcomes, policy
+from jobwarden.daemon import diagnosis, evidence, outcomes, policy, stalled
 from jobwarden.daemon.attempt import Attempt, prepare
+from jobwarden.daemon.heartbeat import Heartbeat
 from jobwarden.daemon.incidents import IncidentLog
 from jobwarden.daemon.jobs import JobRecord, JobTable
 from jobwarden.daemon.launcher import ExitInfo, Launcher, LauncherError
@@ -103,7 +106,10 @@ class JobSupervisor:
         record.pid, record.pid_started = running.pid, running.create_time()
         record.attempt_started = time.time()
         s.table.save(record)
-        attempt.stall.start(record.job.supervision.startup_timeout_s)
+        if record.job.emits_events:
+            attempt.stall.start(record.job.supervision.startup_timeout_s)
+        else:
+            self._start_plain(attempt)
         log.info(
             "attempt.started",
             job=record.id,
@@ -129,6 +135,23 @@ class JobSupervisor:
         record.resume_on_start = False
         s.table.transition(record, S.RECOVERING, "daemon restarted", incident=incident.id)
         await self.launch(ReplayVerifier(plan, incident))
+
+    def _start_plain(self, attempt: Attempt) -> None:
+        """A plain program: watch its heartbeat, if it has one, and conclude the recovery it
+        makes as unverified now (it logs no state, so there is nothing to wait for)."""
+        s, record = self.services, self.record
+        cwd = attempt.running.spec.cwd or attempt.folder
+        on_beat = functools.partial(self._guarded, self._on_beat, attempt, None)
+        beat = attempt.heartbeat = Heartbeat.of(record.job, cwd, s.clock, on_beat)
+        if beat.watching:
+            attempt.stall.start(record.job.supervision.startup_timeout_s)
+            beat.start()
+        elif record.state is S.STARTING:
+            s.table.transition(
+                record, S.RUNNING, f"attempt {attempt.number} started (no heartbeat to watch)"
+            )
+        if attempt.verifier is not None:
+            outcomes.recovered_unverified(s, record, attempt, attempt.verifier)
 
     async def _follow(self, attempt: Attempt) -> None:
         info = await attempt.running.follow(
@@ -156,7 +179,20 @@ class JobSupervisor:
 
     # ---- events
 
+    def _on_beat(self, attempt: Attempt, _: None) -> None:
+        """A plain program's heartbeat: forward motion, as progress is for the SDK's."""
+        record = self.record
+        attempt.beat(record.job.supervision.stall_timeout_s)
+        record.last_progress = time.time()
+        if record.state is S.STARTING:
+            self.services.table.transition(
+                record, S.RUNNING, f"attempt {attempt.number}: first heartbeat"
+            )
+
     def _on_malformed(self, attempt: Attempt, line: Malformed) -> None:
+        if attempt.heartbeat is not None:  # a plain program's own output, not an event
+            attempt.heartbeat.line(line.line)
+            return
         self.services.stats.malformed_event_lines += 1
         log.warning(
             "event.malformed",
@@ -168,6 +204,9 @@ class JobSupervisor:
 
     def _on_event(self, attempt: Attempt, event: Event) -> None:
         record, s = self.record, self.services
+        if attempt.heartbeat is not None:  # a plain program's line that looks like an event
+            attempt.heartbeat.line(json.dumps(event.fields))
+            return
         attempt.observe(event, record.job.supervision.stall_timeout_s)
         verifier, kind = attempt.verifier, event.kind
         if kind in ("restored", "checkpoint"):
@@ -232,17 +271,17 @@ class JobSupervisor:
         startup = phase is StallPhase.STARTUP
         timeout = sup.startup_timeout_s if startup else sup.stall_timeout_s
         try:
-            attempt.stall_evidence = await diagnosis.stall_evidence(attempt, phase, gap, timeout)
+            attempt.stall_evidence = await stalled.stall_evidence(attempt, phase, gap, timeout)
             if record.state in (S.RUNNING, S.STARTING, S.RECOVERING):
                 self.services.table.transition(
                     record,
                     S.STALLED,
-                    f"no {'ready' if startup else 'progress'} for {gap:.2f} s "
+                    f"no {diagnosis.awaited(attempt, phase)} for {gap:.2f} s "
                     f"(timeout {timeout:g} s)",
                     gap_s=round(gap, 4),
                 )
         finally:
-            await attempt.running.stop(diagnosis.STALL_KILL_GRACE_S)
+            await attempt.running.stop(stalled.STALL_KILL_GRACE_S)
 
     def sample(self) -> None:
         """Sample the live attempt's resources; stop it when over its memory limit."""
@@ -300,6 +339,8 @@ class JobSupervisor:
     def _ended(self, attempt: Attempt, info: ExitInfo) -> None:
         record = self.record
         attempt.stall.cancel()
+        if attempt.heartbeat is not None:
+            attempt.heartbeat.cancel()
         self.attempt = None
         record.pid = None
         exit_record = {**info.as_record(), "stopped_by": attempt.stop_reason, "ended": time.time()}

@@ -15,6 +15,8 @@ from jobwarden.daemon.recovery import ReplayPlan, Verdict
 from jobwarden.events import Event
 
 V = Verdict
+NO_SDK = "unverified: the program uses no SDK and logged no state"
+"""The verification of every recovery of a plain program."""
 
 
 class ReplayVerifier:
@@ -59,6 +61,12 @@ class ReplayVerifier:
         if self.verdict is not V.PENDING:
             return self.verdict
         return self._observe(event["step"], event.get("state_hash"), "update")
+
+    def unverifiable(self) -> Verdict:
+        """A plain program's recovery: nothing was logged, so nothing is awaited or compared."""
+        self.verdict = V.UNVERIFIED
+        self.incident.verification = {"verdict": V.UNVERIFIED.value, "checks": [], "text": NO_SDK}
+        return self.verdict
 
     def settle(self) -> Verdict:
         """Conclude with what has been compared so far (the attempt completed first)."""
