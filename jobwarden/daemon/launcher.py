@@ -16,17 +16,22 @@ import abc
 import asyncio
 import contextlib
 import importlib
+import os
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from jobwarden.daemon.evidence import EvidenceFile
 from jobwarden.errors import JobwardenError
 from jobwarden.events import Event, Malformed, parse_line
 
+log = structlog.get_logger("wardend.launcher")
 LINE_LIMIT = 1 << 20
 ENTRY_POINT_GROUP = "jobwarden.launchers"
 EVENTS_FILE = "events.jsonl"
@@ -134,6 +139,42 @@ class RunningAttempt(abc.ABC):
         except TimeoutError:
             self.kill()
             await self.ended.wait()
+
+
+class ProcessGroupAttempt(RunningAttempt):
+    """An attempt that is one child process leading its own process group (asyncio)."""
+
+    def __init__(self, spec: LaunchSpec, proc: asyncio.subprocess.Process) -> None:
+        super().__init__(spec)
+        self.proc = proc
+        self.started_mono = time.monotonic()
+
+    @property
+    def pid(self) -> int:
+        """The child's pid, which is also its process group id."""
+        return self.proc.pid
+
+    async def follow(self, on_event: OnEvent, on_malformed: OnMalformed) -> ExitInfo:
+        """Pump stdout until EOF, then reap the child."""
+        try:
+            if self.proc.stdout is not None:
+                await pump(self.proc.stdout, self.events, on_event, on_malformed)
+        except Exception as error:  # noqa: BLE001 - an attempt we cannot follow is ended, not lost
+            log.error("attempt.unfollowable", job=self.spec.job_id, error=repr(error))
+            self.kill()
+        status = await self.proc.wait()
+        return self._ended(ExitInfo.from_status(status, time.monotonic() - self.started_mono))
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the child alone, if it still runs."""
+        if self.proc.returncode is None:
+            with suppress_gone():
+                os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL the child's whole process group."""
+        with suppress_gone():
+            os.killpg(self.pid, signal.SIGKILL)
 
 
 class Launcher(abc.ABC):

@@ -21,14 +21,10 @@ import structlog
 from jobwarden.daemon.evidence import open_evidence
 from jobwarden.daemon.launcher import (
     LINE_LIMIT,
-    ExitInfo,
     Launcher,
     LauncherError,
     LaunchSpec,
-    OnEvent,
-    OnMalformed,
-    RunningAttempt,
-    pump,
+    ProcessGroupAttempt,
     suppress_gone,
 )
 from jobwarden.worker.runtime import SUPERVISOR_ENV
@@ -38,22 +34,15 @@ ORPHAN_WAIT_S = 60.0
 ORPHAN_POLL_S = 0.05
 
 
-class LocalAttempt(RunningAttempt):
-    """One attempt's worker process group."""
+class LocalAttempt(ProcessGroupAttempt):
+    """One attempt's worker process group, sampled with psutil."""
 
     def __init__(self, spec: LaunchSpec, proc: asyncio.subprocess.Process) -> None:
-        super().__init__(spec)
-        self.proc = proc
-        self.started_mono = time.monotonic()
+        super().__init__(spec, proc)
         try:
             self._ps: psutil.Process | None = psutil.Process(proc.pid)
         except psutil.Error:
             self._ps = None
-
-    @property
-    def pid(self) -> int:
-        """The worker's pid, which is also its process group id."""
-        return self.proc.pid
 
     def create_time(self) -> float | None:
         """The kernel's start time of the worker."""
@@ -61,17 +50,6 @@ class LocalAttempt(RunningAttempt):
             return self._ps.create_time() if self._ps else None
         except psutil.Error:
             return None
-
-    async def follow(self, on_event: OnEvent, on_malformed: OnMalformed) -> ExitInfo:
-        """Pump stdout until EOF, then reap the worker."""
-        try:
-            if self.proc.stdout is not None:
-                await pump(self.proc.stdout, self.events, on_event, on_malformed)
-        except Exception as error:  # noqa: BLE001 - an attempt we cannot follow is ended, not lost
-            log.error("attempt.unfollowable", job=self.spec.job_id, error=repr(error))
-            self.kill()
-        status = await self.proc.wait()
-        return self._ended(ExitInfo.from_status(status, time.monotonic() - self.started_mono))
 
     def sample(self) -> dict[str, Any]:
         """rss, cpu%, status and threads of the worker, from psutil."""
@@ -90,17 +68,6 @@ class LocalAttempt(RunningAttempt):
                 }
         except psutil.Error:
             return {}
-
-    def signal(self, signum: int) -> None:
-        """Send ``signum`` to the worker alone, if it still runs."""
-        if self.proc.returncode is None:
-            with suppress_gone():
-                os.kill(self.pid, signum)
-
-    def kill(self) -> None:
-        """SIGKILL the worker's whole process group."""
-        with suppress_gone():
-            os.killpg(self.pid, signal.SIGKILL)
 
 
 class LocalLauncher(Launcher):
