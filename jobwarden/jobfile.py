@@ -9,6 +9,7 @@ operational and never hashed, so a compatible retry may change them.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -314,9 +315,36 @@ def format_of(path: Path) -> Literal["toml", "json"]:
 
 
 def load_job(path: Path) -> Job:
-    """Read and validate a job file."""
+    """Read and validate a job file (a relative ``workdir`` counts from the file's folder)."""
+    return job_from_mapping(load_document(path), str(path), check_workdir=True)
+
+
+def load_document(path: Path) -> dict[str, Any]:
+    """A job file's document as a client submits it: a relative ``workdir`` made absolute
+    against the file's own folder (the daemon, which never sees that folder, refuses one)."""
+    return resolve_workdir(read_document(path), path.absolute().parent)
+
+
+def read_document(path: Path) -> dict[str, Any]:
+    """A job file's decoded document, not yet validated."""
     try:
         raw = path.read_bytes()
     except OSError as error:
         raise JobFileError(str(path), [f"cannot read: {error.strerror}"]) from error
-    return job_from_bytes(raw, str(path), format_of(path))
+    if len(raw) > MAX_JOB_FILE_BYTES:
+        raise JobFileError(
+            str(path), [f"file is {len(raw)} bytes, over the {MAX_JOB_FILE_BYTES}-byte limit"]
+        )
+    try:
+        document = parse_text(raw.decode(), format_of(path))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise JobFileError(str(path), [f"syntax: {error}"]) from error
+    return document
+
+
+def resolve_workdir(document: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``document`` with a relative ``workdir`` joined to ``base`` (and normalised)."""
+    workdir = document.get("workdir")
+    if not isinstance(workdir, str) or "\0" in workdir or Path(workdir).is_absolute():
+        return document
+    return {**document, "workdir": os.path.normpath(base / workdir)}

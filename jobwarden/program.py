@@ -79,8 +79,13 @@ def argv_problem(value: Any) -> str | None:
 
 def workdir_problem(value: str) -> str | None:
     """What is wrong with a ``workdir``'s form (None when nothing is)."""
-    if "\0" in value or not Path(value).is_absolute():
-        return "must be an absolute path without NUL"
+    if "\0" in value:
+        return "must be a path without NUL"
+    if not Path(value).is_absolute():
+        return (
+            f"{value!r} is relative: the daemon needs an absolute path (`wardenctl submit FILE` "
+            "and `wardenctl drill --job FILE` resolve a relative one against the file's folder)"
+        )
     return None
 
 

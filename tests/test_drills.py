@@ -141,6 +141,9 @@ def test_a_broken_recovery_fails_the_drill_and_names_the_check(
     )
     assert "every resumed update's full state equals the reference's" in verdict["failed_checks"]
     assert "job completed" in verdict["failed_checks"]
+    assert (verdict["first_diverging_step"], verdict["diverged_in"]) == (2, "restored state")
+    assert (verdict["component"], verdict["components"]) == ("opt_state", ["opt_state"])
+    assert "bit-identical to the reference's" in verdict["explanation"]
     incident = json.loads(next((out / "crash").glob("incidents-*-crash.json")).read_text())[0]
     assert incident["status"] == "escalated"
     assert incident["verification"]["verdict"] == "mismatch"

@@ -80,6 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument(
         "drill", choices=["crash", "stall", "duplicate-writer", "corrupt", "incompatible", "all"]
     )
+    drill.add_argument(
+        "--job",
+        type=Path,
+        metavar="FILE",
+        help="drill this job file (a task job, or a command job with sdk = true) instead of "
+        "the default linreg job; the faults go where its own [run] steps and "
+        "checkpoint_every allow",
+    )
     drill.add_argument("--out", default="drill-evidence", help="evidence folder")
     drill.add_argument("--json", action="store_true")
     drill.add_argument(
@@ -91,12 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     # No defaults here: cmd_drill starts from DrillParams() and applies only the options
     # given, since importing the drills to read their defaults would slow every command.
     for option, kind, text in (
-        ("--seed", int, "the training seed of every drill job"),
-        ("--steps", int, "training steps of every drill job"),
-        ("--checkpoint-every", int, "steps between checkpoints"),
-        ("--fail-after", int, "the update after which the crash drill fails"),
-        ("--stall-at", int, "completed updates before the stall drill hangs"),
-        ("--task", str, "the task every drill job trains"),
+        ("--seed", int, "the default job's training seed (not with --job)"),
+        ("--steps", int, "the default job's training steps (not with --job)"),
+        ("--checkpoint-every", int, "the default job's steps between checkpoints (not with --job)"),
+        ("--fail-after", int, "the update after which the crash drill fails (default: chosen)"),
+        ("--stall-at", int, "completed updates before the stall drill hangs (default: chosen)"),
+        ("--task", str, "the default job's task (not with --job)"),
     ):
         drill.add_argument(option, type=kind, default=argparse.SUPPRESS, help=text)
     drill.set_defaults(func=cmd_drill)

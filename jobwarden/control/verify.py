@@ -6,9 +6,10 @@ candidate's attempts are checked one by one against the reference: the
 restored state must equal the reference's state at that step, the first
 resumed update must be the restored step + 1, and every update's state hash
 must equal the reference's.  The final states must be equal.  On a mismatch
-the report names the first diverging step and the state components (params,
-opt_state, key, step) that differ, and the differing leaves where both runs'
-checkpoint files are still on disk.
+the report names the first diverging step and the state components that differ
+(the top-level keys of the state: params, opt_state, key, data, or the user's
+own), and the differing leaves where both runs' checkpoint files are still on
+disk, at that step or, failing that, at the first later step both committed.
 """
 
 from __future__ import annotations
@@ -64,6 +65,17 @@ class Run:
                     if path.is_file():
                         return path
         return None
+
+    def checkpoint_steps(self) -> list[int]:
+        """Every step this run committed or restored a checkpoint at."""
+        return sorted(
+            {
+                e["step"]
+                for attempt in self.attempts
+                for e in attempt
+                if e.kind in ("checkpoint", "restored") and isinstance(e.get("step"), int)
+            }
+        )
 
 
 def _event_files(path: Path) -> list[Path]:
@@ -177,6 +189,26 @@ def _leaf_evidence(reference: Run, candidate: Run, step: int) -> list[dict[str, 
         return [{"leaf": "?", "difference": f"unreadable: {error.message}"}]
 
 
+def _divergence_at(
+    reference: Run, candidate: Run, step: int, components: list[str]
+) -> dict[str, Any]:
+    """What differs at ``step``: the components, and the leaves at the first step from
+    ``step`` on where both runs' checkpoint files are on disk and differ (``leaves_step``);
+    steps whose two files are bit-identical are ``identical_files_at``."""
+    found: dict[str, Any] = {"step": step, "components": components, "leaves": None}
+    identical = []
+    for later in sorted({step, *(s for s in candidate.checkpoint_steps() if s > step)}):
+        leaves = _leaf_evidence(reference, candidate, later)
+        if leaves:
+            found["leaves"], found["leaves_step"] = leaves, later
+            break
+        if leaves is not None:
+            identical.append(later)
+    if identical:
+        found["identical_files_at"] = identical
+    return found
+
+
 def verify(reference: Run, candidate: Run) -> Report:
     """Compare a candidate run with an uninterrupted reference, update by update."""
     checks: list[Check] = []
@@ -186,20 +218,17 @@ def verify(reference: Run, candidate: Run) -> Report:
     divergence: dict[str, Any] | None = None
     boundary: dict[str, Any] | None = None
 
-    def diverged(step: int, ours: Event, theirs: Event) -> None:
+    def diverged(step: int, ours: Event, theirs: Event, number: int, resumed: bool) -> None:
         nonlocal divergence
         if divergence is None:
-            divergence = {
-                "step": step,
-                "components": differing_components(theirs, ours),
-                "leaves": _leaf_evidence(reference, candidate, step),
-            }
+            found = _divergence_at(reference, candidate, step, differing_components(theirs, ours))
+            divergence = {**found, "attempt": number, "after_restore": resumed}
 
     for number, attempt in enumerate(candidate.attempts, 1):
         progress = [e for e in attempt if e.kind == "progress"]
         restored = next((e for e in attempt if e.kind == "restored"), None)
         ready = next((e for e in attempt if e.kind == "ready"), None)
-        if not progress or ready is None:
+        if ready is None or (not progress and restored is None):
             continue
         start = ready["step"]
         if restored is not None:
@@ -218,9 +247,8 @@ def verify(reference: Run, candidate: Run) -> Report:
                 differ = differing_components(theirs, ready)
                 if not same and boundary is None:
                     boundary = {
-                        "step": start,
-                        "components": differ,
-                        "leaves": _leaf_evidence(reference, candidate, start),
+                        **_divergence_at(reference, candidate, start, differ),
+                        "attempt": number,
                     }
                 checks.append(
                     Check(
@@ -235,6 +263,8 @@ def verify(reference: Run, candidate: Run) -> Report:
                         {"step": start, "components_differing": differ},
                     )
                 )
+        if not progress:
+            continue
         steps = [e["step"] for e in progress]
         contiguous = steps == list(range(start + 1, start + 1 + len(steps)))
         checks.append(
@@ -257,7 +287,7 @@ def verify(reference: Run, candidate: Run) -> Report:
             compared += 1
             if theirs["state_hash"] != event["state_hash"]:
                 mismatched.append(event["step"])
-                diverged(event["step"], event, theirs)
+                diverged(event["step"], event, theirs, number, restored is not None)
         ok = not mismatched and not missing
         detail = (
             f"{compared} update(s) compared, all state hashes equal"
@@ -310,6 +340,8 @@ def verify(reference: Run, candidate: Run) -> Report:
                 observed,
             )
         )
+    if divergence is None and boundary is not None:
+        divergence = {**boundary, "after_restore": True}
     if divergence is not None:
         divergence["restored_state"] = boundary
     return Report(reference.source, candidate.source, checks, restored_steps, replayed, divergence)
@@ -328,15 +360,21 @@ def render(report: Report) -> str:
     if report.first_divergence:
         d = report.first_divergence
         lines.append(
-            f"first diverging update: step {d['step']}, components differing: "
-            f"{', '.join(d['components']) or 'none recorded'}"
+            f"first diverging update: step {d['step']} (attempt {d.get('attempt')}), "
+            f"components differing: {', '.join(d['components']) or 'none recorded'}"
         )
-        lines += [f"  leaf {leaf}" for leaf in d.get("leaves") or []]
+        lines += _leaf_lines(d)
         if d.get("restored_state"):
             b = d["restored_state"]
             lines.append(
                 f"the restored state at step {b['step']} already differed in: "
                 f"{', '.join(b['components'])}"
             )
-            lines += [f"  leaf {leaf}" for leaf in b.get("leaves") or []]
+            lines += _leaf_lines(b)
     return "\n".join(lines)
+
+
+def _leaf_lines(found: dict[str, Any]) -> list[str]:
+    at = found.get("leaves_step")
+    later = f" (checkpoints at step {at})" if at is not None and at != found["step"] else ""
+    return [f"  leaf {leaf}{later}" for leaf in found.get("leaves") or []]

@@ -144,12 +144,16 @@ class Attempt:
         verifier = self.verifier
         return verifier.incident if verifier and verifier.verdict is Verdict.PENDING else None
 
-    def observe(self, event: Event, stall_timeout_s: float) -> None:
-        """Learn from one event: forward motion re-arms the stall watch."""
+    def observe(self, event: Event, stall_timeout_s: float, exit_timeout_s: float) -> None:
+        """Learn from one event: forward motion re-arms the stall watch, and a last event
+        (completed, failed) gives the process ``exit_timeout_s`` to leave: interpreter and
+        JAX teardown is not a stall of the training."""
         self.last_event = {k: v for k, v in event.fields.items() if k != "components"}
         kind = event.kind
         if kind in ("ready", "progress", "checkpoint"):
             self.stall.alive(stall_timeout_s)
+        elif kind in ("completed", "failed"):
+            self.stall.alive(max(stall_timeout_s, exit_timeout_s))
         if kind == "progress":
             self.last_progress = self.last_event
             self.mark_cpu()

@@ -207,7 +207,8 @@ class JobSupervisor:
         if attempt.heartbeat is not None:  # a plain program's line that looks like an event
             attempt.heartbeat.line(json.dumps(event.fields))
             return
-        attempt.observe(event, record.job.supervision.stall_timeout_s)
+        sup = record.job.supervision
+        attempt.observe(event, sup.stall_timeout_s, sup.startup_timeout_s)
         verifier, kind = attempt.verifier, event.kind
         if kind in ("restored", "checkpoint"):
             record.newest_checkpoint_step = event["step"]

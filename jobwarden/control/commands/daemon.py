@@ -77,20 +77,26 @@ def cmd_runbook(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     """Validate FILE here, hand it to the daemon's spool, and print the job id."""
     from jobwarden.errors import JobFileError
-    from jobwarden.jobfile import load_job
+    from jobwarden.jobfile import job_from_mapping, read_document, resolve_workdir
 
     source = Path(args.file)
     try:
-        job = load_job(source)
+        document = read_document(source)
+        resolved = resolve_workdir(document, source.absolute().parent)
+        job = job_from_mapping(resolved, str(source), check_workdir=True)
     except JobFileError as error:
         sys.stderr.write(f"wardenctl submit: {source} is invalid, not submitted:\n")
         sys.stderr.write("".join(f"  {problem}\n" for problem in error.problems))
         return EXIT_USAGE
+    content = source.read_text()
     suffix = ".json" if source.suffix == ".json" else ".toml"
+    if resolved is not document:
+        # A relative workdir, resolved against the file's folder: send the resolved form.
+        content, suffix = json.dumps(resolved, indent=2) + "\n", ".json"
     name = source.stem + suffix
     if not SPOOL_NAME.fullmatch(name):
         name = job.id + suffix  # a name the daemon would refuse: the job id is always plain
-    result = ask(args, "submit", name=name, content=source.read_text())
+    result = ask(args, "submit", name=name, content=content)
     if result["accepted"]:
         emit(result, args.json, lambda d: d["job"])
         return EXIT_OK

@@ -6,10 +6,17 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jobwarden.control.commands.output import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit
 from jobwarden.errors import UnsafeCacheError
 from jobwarden.worker.runtime import check_private_directory
+
+if TYPE_CHECKING:
+    from jobwarden.control.drill.jobs import DrillJobError
+
+# The options that shape the default job's training and run; a user's job file has its own.
+DEFAULT_JOB_OPTIONS = ("seed", "task", "steps", "checkpoint_every")
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
@@ -25,6 +32,17 @@ def cmd_drill(args: argparse.Namespace) -> int:
         **{f.name: given[f.name] for f in dataclasses.fields(drill.DrillParams) if f.name in given},
     )
     names = list(drill.DRILLS) if args.drill == "all" else [args.drill]
+    shaping = [f"--{name.replace('_', '-')}" for name in DEFAULT_JOB_OPTIONS if name in given]
+    if args.job is not None and shaping:
+        sys.stderr.write(
+            f"wardenctl: {', '.join(shaping)} shape the default job; --job drills "
+            f"{args.job} as written (change its [train] or [run] instead)\n"
+        )
+        return EXIT_USAGE
+    try:
+        job = drill.prepare(names, args.job, params)
+    except drill.DrillJobError as error:
+        return _cannot(error)
     root = Path(args.root) if args.root else None
     cache: Path | None = args.compile_cache
     if cache is not None:
@@ -39,7 +57,10 @@ def cmd_drill(args: argparse.Namespace) -> int:
         except UnsafeCacheError as error:
             sys.stderr.write(f"wardenctl: {error.code}: {error.message}\n")
             return EXIT_USAGE
-    results = drill.run_drills(names, root, Path(args.out), params, compile_cache=cache)
+    try:
+        results = drill.run_drills(names, root, Path(args.out), job, params, compile_cache=cache)
+    except drill.DrillJobError as error:  # a program's own [run], once its reference told it
+        return _cannot(error)
     if args.json:
         records = [r.as_record() for r in results]
         emit(
@@ -55,3 +76,10 @@ def cmd_drill(args: argparse.Namespace) -> int:
             passed = sum(r.ok for r in results)
             sys.stdout.write(f"\n{passed}/{len(results)} drills passed\n")
     return EXIT_OK if all(r.ok for r in results) else EXIT_REFUSED
+
+
+def _cannot(error: DrillJobError) -> int:
+    """Say why the job cannot be drilled; the usage status."""
+    sys.stderr.write(f"wardenctl: cannot drill {error.origin}:\n")
+    sys.stderr.write("".join(f"  {problem}\n" for problem in error.problems))
+    return EXIT_USAGE

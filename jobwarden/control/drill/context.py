@@ -12,96 +12,108 @@ from typing import Any
 from jobwarden.checkpoint import format
 from jobwarden.checkpoint.errors import CheckpointError
 from jobwarden.control import verify
-from jobwarden.control.drill.daemon import DaemonHandle
+from jobwarden.control.drill.daemon import SETTLED_STATES, DaemonHandle
+from jobwarden.control.drill.jobs import DrillJob, DrillJobError
+from jobwarden.control.drill.plan import FaultPoints
 from jobwarden.control.drill.plot import plot_loss
 from jobwarden.events import Event, read_events
 
 
 @dataclass(frozen=True)
 class DrillParams:
-    """The drill's knobs; the reference and the faulted job share the training fields."""
+    """The drill's knobs.  The first four shape the default job (``--job`` takes a user's
+    instead); the fault points, when None, are chosen from the drilled job's ``[run]``."""
 
     seed: int = 3
     steps: int = 8
     checkpoint_every: int = 2
-    fail_after: int = 3
-    stall_at: int = 5
     task: str = "linreg"
-
-
-def job_text(
-    params: DrillParams,
-    job_id: str,
-    checkpoint: str,
-    *,
-    train: dict[str, Any] | None = None,
-    faults: dict[str, Any] | None = None,
-    supervision: dict[str, Any] | None = None,
-) -> str:
-    """A job file for a drill: the drill's training fields unless ``train`` overrides them."""
-    lines = [f'id = "{job_id}"', f'task = "{params.task}"', f'checkpoint = "{checkpoint}"']
-    sections = {
-        "train": {"seed": params.seed, **(train or {})},
-        "run": {
-            "steps": params.steps,
-            "checkpoint_every": params.checkpoint_every,
-            "keep_checkpoints": params.steps,
-        },
-        "faults": faults,
-        "supervision": supervision,
-    }
-    for name, section in sections.items():
-        if section:
-            lines.append(f"[{name}]")
-            lines += [f"{key} = {json.dumps(value)}" for key, value in section.items()]
-    return "\n".join(lines) + "\n"
+    fail_after: int | None = None
+    stall_at: int | None = None
 
 
 class Reference:
     """The uninterrupted reference run every drill of one `run_drills` compares against.
 
-    It has the drills' own training fields, so one run serves them all: submitted once,
+    It is the drilled job without faults, so one run serves every drill: submitted once,
     and waited for by whichever drill needs it first while the others wait on that.
     """
 
-    def __init__(self, handle: DaemonHandle, params: DrillParams, job_id: str) -> None:
+    def __init__(self, handle: DaemonHandle, job: DrillJob, job_id: str) -> None:
         self.handle = handle
-        self.params = params
+        self.job = job
         self.id = job_id
         self._lock = threading.Lock()
         self._submitted = False
         self._status: dict[str, Any] | None = None
 
     def submit(self) -> None:
-        """Drop the reference job into the spool, the first time only."""
+        """Hand the reference job to the daemon, the first time only."""
         with self._lock:
             if not self._submitted:
-                self.handle.submit(f"{self.id}.toml", job_text(self.params, self.id, self.id))
+                text = self.job.text(self.id, self.id, run=self.job.reference_run())
+                self.handle.submit(f"{self.id}.json", text)
                 self._submitted = True
+
+    def started(self) -> Event:
+        """The reference's ``started`` event (its program's settings), once written; raises
+        `DrillJobError` if the job settles without one, naming its state and evidence."""
+        events = self.handle.root / "jobs" / self.id / "attempts" / "1" / "events.jsonl"
+        deadline = time.monotonic() + self.job.settle_s
+        while time.monotonic() < deadline:
+            found = read_events(events) if events.exists() else []
+            started = next((e for e in found if isinstance(e, Event) and e.kind == "started"), None)
+            if started is not None:
+                return started
+            status = self.handle.status(self.id)
+            if status is not None and status["state"] in SETTLED_STATES:
+                raise DrillJobError(
+                    self.job.origin,
+                    [
+                        f"its reference run {self.id} ended {status['state']} ({status['reason']})"
+                        f" before its program said what its [run] is; see {events.parent}"
+                    ],
+                )
+            self.handle.pause()
+        raise TimeoutError(f"job {self.id} emitted no started event in {self.job.settle_s} s")
 
     def result(self) -> tuple[str, dict[str, Any]]:
         """The reference job's id and settled status."""
         self.submit()
         with self._lock:
             if self._status is None:
-                self._status = self.handle.wait(self.id)
+                self._status = self.handle.wait(self.id, timeout=self.job.settle_s)
             return self.id, self._status
 
 
 @dataclass
 class Drill:
-    """One drill's run: its daemon, its parameters, its evidence folder, its job names and
-    the reference it shares with the other drills of the run."""
+    """One drill's run: its daemon, the job it drills and where the faults go, its evidence
+    folder, its job names and the reference it shares with the other drills of the run."""
 
     handle: DaemonHandle
-    params: DrillParams
+    job: DrillJob
+    points: FaultPoints
     out: Path
     tag: str
     shared: Reference
+    report: verify.Report | None = None
+    """the last `verify` made, whose first divergence the verdict names"""
 
     def job_id(self, role: str) -> str:
         """A job id unique to this drill run."""
         return f"{self.tag}-{role}"
+
+    def submit(self, job_id: str, checkpoint: str | None = None, **changes: Any) -> None:
+        """Hand the daemon a copy of the drilled job as ``job_id`` (on its own checkpoint
+        unless ``checkpoint``), with the ``faults`` and sections given (`DrillJob.text`)."""
+        self.handle.submit(f"{job_id}.json", self.job.text(job_id, checkpoint or job_id, **changes))
+
+    def wait(
+        self, job: str, states: tuple[str, ...] = SETTLED_STATES, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """The job's status once it reaches one of ``states`` (by default: settled)."""
+        return self.handle.wait(job, states, timeout=timeout or self.job.settle_s)
 
     def folder(self, job: str) -> Path:
         """The job's folder under the daemon root."""
@@ -130,9 +142,10 @@ class Drill:
         """The uninterrupted reference job, once it has settled: its id and status."""
         return self.shared.result()
 
-    def wait_for_event(self, job: str, kind: str, timeout: float = 120, **fields: Any) -> Event:
+    def wait_for_event(self, job: str, kind: str, **fields: Any) -> Event:
         """The first event of ``kind`` (with ``fields``) of the job's first attempt, once
         the worker has written it."""
+        timeout = self.job.settle_s
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for event in self.attempt_events(job, 1):
@@ -147,6 +160,7 @@ class Drill:
             verify.load_run(self.folder(reference)), verify.load_run(self.folder(job))
         )
         self.write("verify.json", report.as_record())
+        self.report = report
         return report
 
     def write(self, name: str, data: Any) -> Path:

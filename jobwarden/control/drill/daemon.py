@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,8 @@ from jobwarden.states import SETTLED
 # The states a drill waits for: the daemon will do nothing more for the job on its own.
 SETTLED_STATES = tuple(sorted(state.value for state in SETTLED))
 POLL_S = 0.05
+# A submit answers once the daemon's intake has taken the job in, which a busy intake delays.
+SUBMIT_TIMEOUT_S = 60.0
 
 
 class DrillAbandoned(JobwardenError):
@@ -27,6 +29,13 @@ class DrillAbandoned(JobwardenError):
     raised, or the operator pressed Ctrl-C), so that no thread outlives the daemon."""
 
     code = "drill.abandoned"
+
+
+class JobRejected(JobwardenError):
+    """Raised when the daemon rejects a job a drill submits (a plugin task the daemon does not
+    know, say); carries the daemon's problems and where it kept the file."""
+
+    code = "drill.rejected"
 
 
 class DaemonHandle:
@@ -43,10 +52,25 @@ class DaemonHandle:
         return client.request(self.root / "control.sock", cmd, **args)
 
     def submit(self, name: str, text: str) -> None:
-        """Drop a request file: create in spool/tmp, rename into spool/incoming."""
-        tmp = self.root / "spool" / "tmp" / name
-        tmp.write_text(text)
-        os.rename(tmp, self.root / "spool" / "incoming" / name)
+        """Hand a job file to the daemon over its control socket (``submit``: the daemon drops
+        it into its own spool and takes it in); raises `JobRejected` if it is refused."""
+        answer = client.request(
+            self.root / "control.sock", "submit", SUBMIT_TIMEOUT_S, name=name, content=text
+        )
+        if not answer["accepted"]:
+            raise JobRejected(
+                f"the daemon rejected {name}: " + "; ".join(answer["problems"]),
+                problems=answer["problems"],
+                kept_at=answer["kept_at"],
+            )
+
+    def status(self, job: str) -> dict[str, Any] | None:
+        """The job's status, None while the daemon does not know it."""
+        try:
+            found: dict[str, Any] = self.ask("status", job=job)
+        except ControlError:
+            return None
+        return found
 
     def pause(self) -> None:
         """Wait one poll interval; raises `DrillAbandoned` once the run is given up."""
@@ -59,14 +83,20 @@ class DaemonHandle:
         """Poll until the job reaches one of ``states``; returns its status."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                status: dict[str, Any] = self.ask("status", job=job)
-                if status["state"] in states:
-                    return status
-            except ControlError:
-                pass
+            status = self.status(job)
+            if status is not None and status["state"] in states:
+                return status
             self.pause()
         raise TimeoutError(f"job {job} did not reach {states} within {timeout} s")
+
+
+def activated(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (this process's by default) with this interpreter's folder first on its
+    ``PATH``, as an activated virtualenv has it: a command job's ``python`` is then the one
+    wardenctl runs on, which has jobwarden."""
+    env = dict(os.environ if environ is None else environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    return env
 
 
 @contextmanager
@@ -80,8 +110,10 @@ def daemon_for(
     """The daemon at ``root``, or a private one on ``private``, stopped afterwards.
 
     The private daemon runs ``slots`` jobs at once (wardend's default unless given) and
-    compiles into ``compile_cache`` (its own ``ROOT/cache/jax`` unless given); a given
-    daemon keeps its own settings.
+    compiles into ``compile_cache`` (its own ``ROOT/cache/jax`` unless given); the folder of
+    this interpreter comes first on its ``PATH``, so that a command job's ``python`` is the
+    one wardenctl runs on, which has jobwarden (as an activated virtualenv would have it).  A
+    given daemon keeps its own settings.
     """
     if root is not None:
         handle = DaemonHandle(root)
@@ -96,7 +128,7 @@ def daemon_for(
     if compile_cache is not None:
         argv += ["--compile-cache", str(compile_cache)]
     with (private.parent / "wardend.stderr").open("wb") as stderr:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, env=activated())
         handle = DaemonHandle(private, private=True)
         try:
             deadline = time.monotonic() + 30

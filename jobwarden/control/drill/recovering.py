@@ -7,23 +7,23 @@ expected checkpoint and replayed every update after it bit for bit.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
 
 from jobwarden.checkpoint.lock import read_generation
-from jobwarden.control.drill.context import Drill, arrays_equal, final_file, job_text
+from jobwarden.control.drill.context import Drill, arrays_equal, final_file
 from jobwarden.control.drill.verdict import Check, Outcome
 
+# The stall drill's timeout (a user's slower job gets a longer one, `_stall_timeout`), and how
+# long its injected hang lasts at least: far past any timeout.
 STALL_TIMEOUT_S = 2.0
+STALL_HOLD_S = 60.0
 STALL_OVERSHOOT_S = 0.25
 # The corrupt drill's restart backoff, the daemon's default: the drill does not wait it out
 # (it damages the file as soon as it is committed) and checks it was in time.
 CORRUPT_BACKOFF_S = 0.5
-
-
-def _restore_point(step: int, every: int) -> int:
-    return (step // every) * every
 
 
 def _continuation_checks(
@@ -40,8 +40,17 @@ def _continuation_checks(
     status = drill.handle.ask("status", job=job)
     ref_final = final_file(drill.events(reference))
     job_final = final_file(events)
-    steps = list(range(expected_restore + 1, drill.params.steps + 1))
+    steps = list(range(expected_restore + 1, drill.points.steps + 1))
+    first_attempt = next((c for c in report.checks if c.name == "attempt 1: state hashes"), None)
     checks = [
+        Check(
+            "the first attempt matched the reference until its fault (the run is deterministic)",
+            first_attempt is not None and first_attempt.ok,
+            {
+                "detail": first_attempt.detail if first_attempt else "no updates logged",
+                "first_divergence": report.first_divergence,
+            },
+        ),
         Check(
             "recovery restored the expected checkpoint",
             bool(restored) and restored[-1]["step"] == expected_restore,
@@ -106,14 +115,27 @@ def _daemon_verified(incidents: list[dict[str, Any]], kind: str) -> tuple[Check,
     return check, incident or {}
 
 
+def _stall_timeout(drill: Drill) -> float:
+    """The stall drill's timeout: the job file's own when it sets one; for the default job,
+    `STALL_TIMEOUT_S`; for a user's job, that or three times the slowest update of the
+    reference run, whichever is longer, so that a slow update (one that compiles, say) is
+    not taken for the stall."""
+    if drill.job.stall_timeout_s is not None:
+        return drill.job.stall_timeout_s
+    if drill.job.is_default:
+        return STALL_TIMEOUT_S
+    reference, _ = drill.reference()
+    updates = [e.get("update_s") for e in drill.events(reference) if e.kind == "progress"]
+    slowest = max((u for u in updates if isinstance(u, int | float)), default=0.0)
+    return max(STALL_TIMEOUT_S, math.ceil(slowest * 3 * 2) / 2)
+
+
 def crash(drill: Drill) -> Outcome:
     """The failure after update N, the committed checkpoint chosen, every replayed hash."""
-    params = drill.params
+    points = drill.points
     job = drill.job_id("crash")
-    drill.handle.submit(
-        f"{job}.toml", job_text(params, job, job, faults={"fail_after": params.fail_after})
-    )
-    drill.handle.wait(job)
+    drill.submit(job, faults={"fail_after": points.fail_after})
+    drill.wait(job)
     reference, ref_status = drill.reference()
     failure = next((e for e in drill.attempt_events(job, 1) if e.kind == "failed"), None)
     incidents = drill.keep_incidents(job)
@@ -126,7 +148,7 @@ def crash(drill: Drill) -> Outcome:
         ),
         Check(
             "the injected failure came after the named update",
-            failure is not None and failure.get("step") == params.fail_after,
+            failure is not None and failure.get("step") == points.fail_after,
             {
                 "failed_after": failure.get("step") if failure else None,
                 "code": failure.get("code") if failure else None,
@@ -135,7 +157,7 @@ def crash(drill: Drill) -> Outcome:
         verified,
     ]
     more, summary = _continuation_checks(
-        drill, reference, job, _restore_point(params.fail_after, params.checkpoint_every), incident
+        drill, reference, job, points.restore_point(points.fail_after), incident
     )
     drill.write("refusals.json", [])
     return checks + more, summary
@@ -143,19 +165,15 @@ def crash(drill: Drill) -> Outcome:
 
 def stall(drill: Drill) -> Outcome:
     """A hang before update stall_at+1: detected in time, stack dumped, resumed, verified."""
-    params = drill.params
+    points = drill.points
+    timeout = _stall_timeout(drill)
     job = drill.job_id("stall")
-    drill.handle.submit(
-        f"{job}.toml",
-        job_text(
-            params,
-            job,
-            job,
-            faults={"stall_at": params.stall_at, "stall_seconds": 60},
-            supervision={"stall_timeout_s": STALL_TIMEOUT_S},
-        ),
+    drill.submit(
+        job,
+        faults={"stall_at": points.stall_at, "stall_seconds": max(STALL_HOLD_S, 10 * timeout)},
+        supervision={"stall_timeout_s": timeout},
     )
-    drill.handle.wait(job)
+    drill.wait(job)
     reference, _ = drill.reference()
     incidents = drill.keep_incidents(job)
     verified, incident = _daemon_verified(incidents, "stall")
@@ -165,11 +183,11 @@ def stall(drill: Drill) -> Outcome:
     checks = [
         Check(
             "stall detected within the timeout",
-            gap is not None and STALL_TIMEOUT_S <= gap <= STALL_TIMEOUT_S + STALL_OVERSHOOT_S,
+            gap is not None and timeout <= gap <= timeout + STALL_OVERSHOOT_S,
             {
                 "gap_s": gap,
-                "timeout_s": STALL_TIMEOUT_S,
-                "overshoot_ms": round((gap - STALL_TIMEOUT_S) * 1000, 1) if gap else None,
+                "timeout_s": timeout,
+                "overshoot_ms": round((gap - timeout) * 1000, 1) if gap else None,
                 "last_progress_step": (details.get("last_progress") or {}).get("step"),
             },
         ),
@@ -186,7 +204,7 @@ def stall(drill: Drill) -> Outcome:
         verified,
     ]
     more, summary = _continuation_checks(
-        drill, reference, job, _restore_point(params.stall_at, params.checkpoint_every), incident
+        drill, reference, job, points.restore_point(points.stall_at), incident
     )
     drill.write("refusals.json", [])
     return checks + more, {**summary, "detected_gap_s": gap}
@@ -201,22 +219,16 @@ def corrupt(drill: Drill) -> Outcome:
     soon as its commit is reported, and a check confirms that no other worker had taken the
     lock by then.
     """
-    params = drill.params
-    every = params.checkpoint_every
-    fail_after = params.fail_after if params.fail_after >= 2 * every else 2 * every + 1
+    points = drill.points
+    fail_after = points.corrupt_after
     job = drill.job_id("corrupt")
-    drill.handle.submit(
-        f"{job}.toml",
-        job_text(
-            params,
-            job,
-            job,
-            faults={"fail_after": fail_after},
-            supervision={"restart_backoff_s": CORRUPT_BACKOFF_S},
-        ),
+    drill.submit(
+        job,
+        faults={"fail_after": fail_after},
+        supervision={"restart_backoff_s": CORRUPT_BACKOFF_S},
     )
     ck = drill.checkpoint_dir(job)
-    committed = drill.wait_for_event(job, "checkpoint", step=_restore_point(fail_after, every))
+    committed = drill.wait_for_event(job, "checkpoint", step=points.restore_point(fail_after))
     newest = sorted(ck.glob("ckpt-*.safetensors"))[-1]
     damaged = bytearray(newest.read_bytes())
     damaged[-1] ^= 0xFF
@@ -226,7 +238,7 @@ def corrupt(drill: Drill) -> Outcome:
     # the lock bumps the generation: still the first attempt's, no recovery has chosen yet.
     first = next(e for e in drill.attempt_events(job, 1) if e.kind == "ready")["generation"]
     generation = read_generation(ck)
-    drill.handle.wait(job)
+    drill.wait(job)
     reference, _ = drill.reference()
     kept = ck / "quarantine" / newest.name
     reason_file = ck / "quarantine" / f"{newest.name}.reason.json"
@@ -264,6 +276,6 @@ def corrupt(drill: Drill) -> Outcome:
         ),
         verified,
     ]
-    older = _restore_point(fail_after, every) - every
+    older = points.restore_point(fail_after) - points.checkpoint_every
     more, summary = _continuation_checks(drill, reference, job, older, incident)
     return checks + more, {**summary, "damaged": newest.name}

@@ -7,15 +7,15 @@ the live job's checkpoints byte-identical.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from jobwarden.control.drill.context import Drill, arrays_equal, final_file, job_text
+from jobwarden.control.drill.context import Drill, arrays_equal, final_file
 from jobwarden.control.drill.daemon import SETTLED_STATES
 from jobwarden.control.drill.verdict import Check, Outcome
 from jobwarden.errors import WriterLockedError
-from jobwarden.worker.command import worker_argv
 
 # How long the duplicate-writer drill's primary would hold still if never stopped: far beyond
 # the refusals' few seconds, since the drill stops it as soon as they are in.
@@ -30,28 +30,22 @@ def duplicate_writer(drill: Drill) -> Outcome:
     committing, so that its checkpoints cannot change while the others try to write; once
     both are refused, the drill stops it over the control socket and resumes it.
     """
-    params = drill.params
     primary, second = drill.job_id("primary"), drill.job_id("second")
-    pause = max(1, params.checkpoint_every)
-    drill.handle.submit(
-        f"{primary}.toml",
-        job_text(
-            params,
-            primary,
-            primary,
-            faults={"stall_at": pause, "stall_seconds": HOLD_S},
-            supervision={"stall_timeout_s": 2 * HOLD_S, "stop_grace_s": STOP_GRACE_S},
-        ),
+    drill.submit(
+        primary,
+        faults={"stall_at": drill.points.pause_at, "stall_seconds": HOLD_S},
+        supervision={"stall_timeout_s": 2 * HOLD_S, "stop_grace_s": STOP_GRACE_S},
     )
     ck = drill.checkpoint_dir(primary)
     drill.wait_for_event(primary, "stall_injected")
     before = _snapshot(ck)
-    drill.handle.submit(f"{second}.toml", job_text(params, second, primary))
-    second_status = drill.handle.wait(second, timeout=30)
-    hand_file = drill.out / "hand-started-job.toml"
-    hand_file.write_text(job_text(params, primary, primary))
+    drill.submit(second, primary)
+    second_status = drill.wait(second, timeout=30)
+    started = drill.job.hand_started(primary, ck, drill.out)
     hand = subprocess.run(
-        worker_argv(hand_file, ck),
+        started.argv,
+        cwd=started.cwd,
+        env=started.env,
         capture_output=True,
         text=True,
         timeout=120,
@@ -64,9 +58,9 @@ def duplicate_writer(drill: Drill) -> Outcome:
     # The worker sleeps in its injected stall and cannot act on SIGTERM there, so the
     # daemon's SIGKILL ends it after the grace; it committed before holding, losing nothing.
     drill.handle.ask("stop", job=primary)
-    stopped = drill.handle.wait(primary, ("preempted", *SETTLED_STATES), timeout=60)
+    stopped = drill.wait(primary, ("preempted", *SETTLED_STATES), timeout=60)
     drill.handle.ask("resume", job=primary)
-    drill.handle.wait(primary)
+    drill.wait(primary)
     reference, _ = drill.reference()
     second_incidents = drill.keep_incidents(second)
     drill.keep_incidents(primary)
@@ -146,26 +140,21 @@ def duplicate_writer(drill: Drill) -> Outcome:
 
 
 def incompatible(drill: Drill) -> Outcome:
-    """A resume with a changed learning rate is refused naming the field; escalated, no fallback."""
-    params = drill.params
-    first, retry = drill.job_id("original"), drill.job_id("changed-lr")
-    drill.handle.submit(
-        f"{first}.toml",
-        job_text(
-            params,
-            first,
-            first,
-            faults={"fail_after": params.fail_after},
-            supervision={"max_restarts": 0},
-        ),
+    """A resume with a changed training field (the learning rate when the job has one; for a
+    command job, whose fields are its program's, its runtime's XLA flags) is refused naming
+    the field with both values; escalated, no fallback."""
+    change = drill.job.change
+    if change is None:
+        return [Check("the job has a training field to change", False, {})], {}
+    first, retry = drill.job_id("original"), drill.job_id(f"changed-{_short(change.field)}")
+    drill.submit(
+        first, faults={"fail_after": drill.points.fail_after}, supervision={"max_restarts": 0}
     )
-    drill.handle.wait(first)
+    drill.wait(first)
     ck = drill.checkpoint_dir(first)
     before = _snapshot(ck)
-    drill.handle.submit(
-        f"{retry}.toml", job_text(params, retry, first, train={"learning_rate": 0.05})
-    )
-    status = drill.handle.wait(retry)
+    drill.submit(retry, first, **change.changes)
+    status = drill.wait(retry)
     after = _snapshot(ck)
     reference, _ = drill.reference()
     events = drill.events(retry)
@@ -177,14 +166,14 @@ def incompatible(drill: Drill) -> Outcome:
     drill.timeline(first, retry)
     drill.accepted_checkpoint(retry)
     rows = drill.comparison(reference, first, first_attempt=1)
+    drill.verify(reference, first)  # the original run's first divergence, if any
     drill.plot(rows, "incompatible: the original run before its failure")
     fields = (failure.get("fields") or {}) if failure else {}
     checks = [
         Check(
-            "the resume is refused as incompatible, naming learning_rate with both values",
-            failure is not None
-            and failure["code"] == "checkpoint.config"
-            and fields.get("learning_rate") == [0.04, 0.05],
+            f"the resume with {change.what} is refused as incompatible ({change.code}), "
+            f"naming {change.field} with both values",
+            failure is not None and failure["code"] == change.code and change.named_in(fields),
             {
                 "code": failure["code"] if failure else None,
                 "fields": fields,
@@ -214,6 +203,12 @@ def incompatible(drill: Drill) -> Outcome:
         "reference": reference,
         "runbook": drill.runbook(incident or {}),
     }
+
+
+def _short(field: str) -> str:
+    """A changed field's name as part of a job id's role, at most 8 characters (so that the
+    longest id fits in 64): ``learning_rate`` becomes ``lr``, ``xla_flags`` ``xla-flag``."""
+    return "lr" if field == "learning_rate" else re.sub(r"[^A-Za-z0-9.]", "-", field)[:8]
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
