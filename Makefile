@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,examples]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -26,13 +26,13 @@ lint: setup
 	$(BIN)/mypy
 
 bench: setup
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,bench]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,examples,bench]'
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/daemon.py
 	$(BIN)/python bench/control.py
 
 constraints: setup
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,bench]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,examples,bench]'
 	{ head -n 2 constraints.txt; $(BIN)/pip freeze --exclude-editable | sort -f; } > constraints.new
 	mv constraints.new constraints.txt
 

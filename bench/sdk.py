@@ -1,0 +1,300 @@
+"""The SDK's cost per update on the digits model (examples/digits), against the bare loop.
+
+Side by side in one process, on the same compiled update of
+examples/digits/model.py (Flax NNX MLP 64-128-10 + Adam: a state of 19 leaves,
+113 KiB), it times:
+
+* ``bare``: the jitted update and ``float(loss)``, as a loop that logs its loss;
+* ``hash_every=N``: the same loop inside ``jw.attach(...)`` with
+  ``run.progress(step, state, loss=loss)`` after each update: a progress event
+  (appended to an events file, as ``> events.jsonl`` would) and the full-state
+  hash on every N-th update.  ``checkpoints="external"``: no commits, whose
+  cost is bench/checkpoint.py's business.
+
+Each round runs every variant for ``--updates`` updates from the same state, in
+an order that rotates from round to round, and takes each variant's mean time
+per update (so a hash every N-th update counts as 1/N of it).  A variant's
+overhead is the median over rounds of its ratio to the bare loop of the same
+round, minus one; ``in SDK`` is the time spent inside the SDK's calls
+(``run.progress``, after the update's result is ready), as a share of the bare
+update, measured in the same loop.  ``hash`` alone (`jobwarden.state.flatten`
+and ``state_hash``) is timed in the same rounds, to show where the time goes.
+Also for a wider model (``--hidden``), whose larger state shows what
+``hash_every`` buys.  Target: at most 5 % of the update time.
+
+    .venv/bin/python bench/sdk.py [--rounds 60] [--updates 50] [--hidden 128,1024]
+
+Prints a table and writes ``bench/results/sdk.json``.  Needs the examples extra
+(``pip install -c constraints.txt -e '.[examples]'``).  On a shared machine run
+it when the load is low (the table shows the load average seen).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from jobwarden.worker.runtime import pin_environment
+
+pin_environment()  # single-threaded XLA, as an attached run has it; before JAX starts
+
+import jax  # noqa: E402
+
+import jobwarden.sdk as jw  # noqa: E402
+from jobwarden import state as state_tree  # noqa: E402
+from jobwarden.hashing import state_hash  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+RESULTS = Path(__file__).resolve().parent / "results"
+TARGET = 0.05
+HASH_EVERY = (1, 10, 100)
+PACKAGES = ("jax", "jaxlib", "numpy", "flax", "optax", "xxhash")
+MISSING = "the examples extra is not installed: pip install -c constraints.txt -e '.[examples]'"
+
+
+@dataclass
+class Variant:
+    """One way of running the loop: its mean update time, and time in the SDK, per round."""
+
+    hash_every: int | None
+    """None: the bare loop, no SDK"""
+    update_s: list[float] = field(default_factory=list)
+    in_sdk_s: list[float] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        """The variant as the table heads it."""
+        return "bare" if self.hash_every is None else f"hash_every={self.hash_every}"
+
+
+@dataclass
+class ModelResult:
+    """One model's figures, every variant measured in the same rounds."""
+
+    hidden: int
+    state_bytes: int
+    leaves: int
+    bare: Variant
+    attached: list[Variant]
+    hash_s: list[float]
+
+    def overhead(self, variant: Variant) -> float:
+        """The median over rounds of the variant's update time over the bare loop's, minus 1."""
+        pairs = zip(variant.update_s, self.bare.update_s, strict=True)
+        return statistics.median(v / b - 1 for v, b in pairs)
+
+    def in_sdk(self, variant: Variant) -> float:
+        """The median over rounds of the time in the SDK's calls over the bare update time."""
+        pairs = zip(variant.in_sdk_s, self.bare.update_s, strict=True)
+        return statistics.median(s / b for s, b in pairs)
+
+    def record(self) -> dict[str, Any]:
+        """JSON-ready form: medians, ratios and every round's figures."""
+        return {
+            "hidden": self.hidden,
+            "state_bytes": self.state_bytes,
+            "leaves": self.leaves,
+            "hash_median_s": statistics.median(self.hash_s),
+            "bare": {
+                "update_median_s": statistics.median(self.bare.update_s),
+                "rounds_s": self.bare.update_s,
+            },
+            "attached": [
+                {
+                    "hash_every": v.hash_every,
+                    "update_median_s": statistics.median(v.update_s),
+                    "overhead": self.overhead(v),
+                    "in_sdk": self.in_sdk(v),
+                    "target_met": self.overhead(v) <= TARGET,
+                    "rounds_s": v.update_s,
+                    "in_sdk_rounds_s": v.in_sdk_s,
+                }
+                for v in self.attached
+            ],
+        }
+
+
+def load_digits_model() -> Any:
+    """examples/digits/model.py as a module; exits with a message when flax or sklearn lack."""
+    sys.path.insert(0, str(EXAMPLES / "digits"))
+    try:
+        import model
+    except ImportError as error:
+        print(f"{MISSING} ({error})")
+        raise SystemExit(2) from error
+    return model
+
+
+def bare(trainer: Any, state: Any, updates: int) -> tuple[float, float]:
+    """The loop without the SDK: mean time per update (and 0 spent in the SDK)."""
+    state, loss = trainer.step(state)
+    float(loss)
+    first = time.perf_counter()
+    for _ in range(updates - 1):
+        state, loss = trainer.step(state)
+        float(loss)
+    return (time.perf_counter() - first) / (updates - 1), 0.0
+
+
+def attached(
+    trainer: Any, state: Any, updates: int, hash_every: int, events: Path
+) -> tuple[float, float]:
+    """The loop inside an attached run: mean time per update, and of it in ``run.progress``.
+
+    Timed from the end of the first update to the end of the last, like `bare`, so the
+    ``ready`` and ``completed`` events (a hash each, once per run) are left out.
+    """
+    with jw.attach(
+        config=asdict(trainer.config),
+        data_hash="bench",
+        name="digits-bench",
+        steps=updates,
+        hash_every=hash_every,
+        checkpoints="external",
+        events=events,
+        argv=[],
+        environ={},
+    ) as run:
+        in_sdk, first, last = 0.0, 0.0, 0.0
+        for step in run.steps(state):
+            state, loss = trainer.step(state)
+            loss = float(loss)  # the result is ready: what follows is the SDK's own time
+            entered = time.perf_counter()
+            run.progress(step, state, loss=loss)
+            last = time.perf_counter()
+            if step == 1:
+                first = last
+            else:
+                in_sdk += last - entered
+    return (last - first) / (updates - 1), in_sdk / (updates - 1)
+
+
+def hash_alone(state: Any, samples: int) -> float:
+    """The mean time of flattening the state to named host leaves and hashing them."""
+    began = time.perf_counter()
+    for step in range(samples):
+        state_hash(state_tree.flatten(state), step)
+    return (time.perf_counter() - began) / samples
+
+
+def bench_model(model: Any, hidden: int, rounds: int, updates: int, events: Path) -> ModelResult:
+    """Every variant on one model size, side by side for ``rounds`` rounds."""
+    config = replace(model.Config(), hidden=hidden)
+    trainer = model.Trainer(config, model.load(config))
+    start = trainer.init_state
+    trainer.compile(start)
+    bare(trainer, start, 20)  # first dispatches, caches
+    start, _ = trainer.step(start)  # one update in: Adam's moments are not zeros
+    leaves = state_tree.flatten(start)
+    variants = [Variant(None)] + [Variant(n) for n in HASH_EVERY]
+    hashes = []
+    for number in range(rounds):
+        shift = number % len(variants)
+        for variant in variants[shift:] + variants[:shift]:
+            if variant.hash_every is None:
+                update, in_sdk = bare(trainer, start, updates)
+            else:
+                update, in_sdk = attached(trainer, start, updates, variant.hash_every, events)
+            variant.update_s.append(update)
+            variant.in_sdk_s.append(in_sdk)
+        hashes.append(hash_alone(start, updates // 4))
+    size = sum(array.nbytes for _, array in leaves)
+    return ModelResult(hidden, size, len(leaves), variants[0], variants[1:], hashes)
+
+
+def table(results: list[ModelResult]) -> list[str]:
+    """The results as text: a row per model, a column per variant."""
+    names = [v.name for v in results[0].attached]
+    head = f"{'hidden':>6} {'state':>8} {'hash':>7} {'bare':>8}"
+    lines = [head + "".join(f" {name:>30}" for name in names)]
+    for result in results:
+        row = f"{result.hidden:>6} {result.state_bytes / 1024:>4.0f} KiB"
+        row += f" {statistics.median(result.hash_s) * 1e6:>4.0f} us"
+        row += f" {statistics.median(result.bare.update_s) * 1e6:>5.0f} us"
+        for variant in result.attached:
+            over = result.overhead(variant)
+            cell = (
+                f"{statistics.median(variant.update_s) * 1e6:.0f} us {over:+.1%} "
+                f"(in SDK {result.in_sdk(variant):.1%}) {'ok' if over <= TARGET else 'over'}"
+            )
+            row += f" {cell:>30}"
+        lines.append(row)
+    return lines
+
+
+def version_of(name: str) -> str | None:
+    """An installed distribution's version, or None."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=60, help="side-by-side rounds (60)")
+    parser.add_argument(
+        "--updates", type=int, default=50, help="updates per variant per round (50)"
+    )
+    parser.add_argument(
+        "--hidden", default="128,1024", help="hidden widths, comma-separated (128: the example)"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "sdk.json", help="JSON results")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print the table and write the JSON results."""
+    args = parse_args(argv)
+    model = load_digits_model()
+    widths = [int(w) for w in args.hidden.split(",")]
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="sdk-bench-") as folder:
+        events = Path(folder) / "events.jsonl"
+        results = []
+        for hidden in widths:
+            print(f"measuring hidden={hidden} ...", file=sys.stderr, flush=True)
+            results.append(bench_model(model, hidden, args.rounds, args.updates, events))
+    load_after = os.getloadavg()
+    print(
+        f"SDK cost per update: medians of {args.rounds} side-by-side rounds of {args.updates} "
+        f"updates, single-threaded XLA, load average {load_before[0]:.1f} -> "
+        f"{load_after[0]:.1f} on {os.cpu_count()} CPUs; target <= {TARGET:.0%}"
+    )
+    for line in table(results):
+        print(line)
+    record = {
+        "benchmark": "sdk",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "config": {"rounds": args.rounds, "updates": args.updates, "hidden": widths},
+        "environment": {
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "load_average": {"before": load_before, "after": load_after},
+            "jax_backend": jax.default_backend(),
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "packages": {name: version_of(name) for name in PACKAGES},
+        },
+        "target": TARGET,
+        "models": [r.record() for r in results],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
