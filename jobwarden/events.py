@@ -105,7 +105,7 @@ def parse_line(line: str, lineno: int = 0) -> Event | Malformed:
             line, f"schema version {record.get('v')!r}, expected {SCHEMA_VERSION}", lineno
         )
     kind = record.get("event")
-    if kind not in REQUIRED:
+    if not isinstance(kind, str) or kind not in REQUIRED:
         return Malformed(line, f"unknown event kind {kind!r}", lineno)
     for name, types in REQUIRED[kind].items():
         value = record.get(name)

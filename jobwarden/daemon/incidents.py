@@ -187,13 +187,20 @@ class IncidentLog:
         self.unwritten: dict[str, Incident] = {}
 
     def _append(self, path: Path, line: bytes) -> None:
+        # Only the root's record stays open: one descriptor per job would grow with the table.
         fd = self._files.get(path)
+        keep = path == self.root.incidents
         if fd is None:
             fd = open_private(path, os.O_WRONLY | os.O_APPEND)
-            self._files[path] = fd
-        view = memoryview(line)
-        while view:
-            view = view[os.write(fd, view) :]
+            if keep:
+                self._files[path] = fd
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            if not keep:
+                os.close(fd)
 
     def folder(self, incident: Incident) -> Path:
         """The job's incidents folder."""
