@@ -52,6 +52,7 @@ from jobwarden.checkpoint.manifest import (
     Provenance,
     leaf_specs,
 )
+from jobwarden.decoding import loads_json
 from jobwarden.files import READ_FLAGS, Directory, UnsafePathError
 from jobwarden.hashing import HASH_NAME, Leaves, little_endian
 
@@ -315,7 +316,7 @@ def _read_header(fd: int, name: str) -> tuple[int, int, str, str, str | None, Ma
         )
     header_bytes = os.pread(fd, header_len, 8)
     try:
-        header = json.loads(header_bytes)
+        header = loads_json(header_bytes)
         meta = header.pop("__metadata__")
         manifest_text = meta["jobwarden"]
         stored_checksum = meta["checksum"]

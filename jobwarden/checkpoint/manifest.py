@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from jobwarden.checkpoint.errors import SchemaMismatch, UnreadableCheckpoint
+from jobwarden.decoding import loads_json
 from jobwarden.hashing import Leaves
 
 SCHEMA_VERSION = 1
@@ -112,7 +113,7 @@ class Manifest:
     def from_json(cls, path: str, text: str) -> Manifest:
         """Parse manifest text; any missing or mistyped field makes the file unreadable."""
         try:
-            raw = json.loads(text)
+            raw = loads_json(text)
             version = raw["schema_version"]
             if version != SCHEMA_VERSION:
                 raise SchemaMismatch(path, "schema_version", version, SCHEMA_VERSION)
