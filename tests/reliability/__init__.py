@@ -1,0 +1,1 @@
+"""Short variants of bench/reliability.py's sections, asserting their acceptance conditions."""
