@@ -449,11 +449,12 @@ class TestHostileFilesAtStart:
         (root.incoming / "deep.json").write_bytes(DEEP_JSON)
         os.utime(root.incoming / "deep.json", (0, 0))
         with Daemon(root.path, None, "--max-concurrent", "1") as wardend:
+            # The error file is written before its request is moved beside it: wait for both.
             wait_until(
-                lambda: error_files(root),
-                lambda found: len(found) == 2,
+                lambda: (error_files(root), spool_files(root)),
+                lambda found: len(found[0]) == 2 and not found[1],
                 timeout=20,
-                what="two error files",
+                what="two error files and an empty spool",
             )
             assert error_files(root) == ["deep.json.error.json", "deep.toml.error.json"]
             assert spool_files(root) == []
