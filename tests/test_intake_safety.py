@@ -460,10 +460,10 @@ class TestHostileFilesAtStart:
             assert spool_files(root) == []
             arrive(root, "x" * 240 + ".toml", GOOD)
             wait_until(
-                lambda: error_files(root),
-                lambda found: len(found) == 3,
+                lambda: (error_files(root), spool_files(root)),
+                lambda found: len(found[0]) == 3 and not found[1],
                 timeout=20,
-                what="the long name's error file",
+                what="the long name's error file and an empty spool",
             )
             assert wardend.ask("status")["jobs"] == []
             assert spool_files(root) == []
