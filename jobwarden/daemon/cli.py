@@ -21,8 +21,21 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="wardend", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    ap.add_argument("--root", type=Path, required=True, help="the daemon's root folder")
-    ap.add_argument("--socket", type=Path, help="control socket (default ROOT/control.sock)")
+    root = os.environ.get("JOBWARDEN_ROOT")
+    ap.add_argument(
+        "--root",
+        type=Path,
+        default=Path(root) if root else None,
+        required=not root,
+        help="the daemon's root folder (default $JOBWARDEN_ROOT)",
+    )
+    socket = os.environ.get("JOBWARDEN_SOCKET")
+    ap.add_argument(
+        "--socket",
+        type=Path,
+        default=Path(socket) if socket else None,
+        help="control socket (default $JOBWARDEN_SOCKET, else ROOT/control.sock)",
+    )
     ap.add_argument("--group", help="a group whose members may use the control socket")
     ap.add_argument(
         "--max-concurrent",
