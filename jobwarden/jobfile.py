@@ -9,11 +9,12 @@ operational and never hashed, so a compatible retry may change them.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -77,10 +78,12 @@ class SupervisionSection(_Section):
     """How the daemon watches and restarts the job."""
 
     startup_timeout_s: float = Field(60.0, gt=0, le=86400)
-    stall_timeout_s: float = Field(5.0, gt=0, le=86400)
+    stall_timeout_s: float | None = Field(None, gt=0, le=86400)
+    """None: automatic (daemon/stall.py: max(60 s, 10x the slowest update seen))"""
     max_restarts: int = Field(3, ge=0, le=1000)
     restart_backoff_s: float = Field(0.5, ge=0, le=3600)
-    max_rss_mb: int = Field(4096, ge=1)
+    max_rss_mb: int | None = Field(None, ge=1)
+    """None: no limit (the kernel's OOM killer and a systemd MemoryMax= still apply)"""
     stop_grace_s: float = Field(30.0, gt=0, le=3600)
 
 
@@ -187,13 +190,30 @@ class Job:
         }
 
 
-def _problems(error: ValidationError, prefix: str = "") -> list[str]:
+def _problems(
+    error: ValidationError, prefix: str = "", model: type[BaseModel] | None = None
+) -> list[str]:
     found = []
     for item in error.errors():
         where = prefix + ".".join(str(part) for part in item["loc"]) or "(top level)"
-        message = "unknown field" if item["type"] == "extra_forbidden" else item["msg"]
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown field" + _did_you_mean(model or _Document, item["loc"])
         found.append(f"{where}: {message} (found {item['input']!r})")
     return found
+
+
+def _did_you_mean(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """``; did you mean 'stall_timeout_s'?`` for a misspelled field at ``loc``, or ''."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        kinds = (field.annotation, *get_args(field.annotation)) if field else ()
+        inner = [t for t in kinds if isinstance(t, type) and issubclass(t, BaseModel)]
+        if not inner:
+            return ""
+        model = inner[0]
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def parse_text(text: str, fmt: Literal["toml", "json"]) -> dict[str, Any]:
@@ -237,7 +257,7 @@ def job_from_mapping(
         try:
             train = task_cls.Train.model_validate(raw_train)
         except ValidationError as error:
-            problems.extend(_problems(error, "train."))
+            problems.extend(_problems(error, "train.", task_cls.Train))
     problems.extend(kind_problems(document))
     workdir = document.get("workdir")
     if check_workdir and isinstance(workdir, str) and workdir_problem(workdir) is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -364,6 +365,10 @@ def test_memory_limit_stops_the_worker_and_is_an_incident(
     assert status["state"] == "failed"
     assert incident["kind"] == "rss_limit"
     assert "max_rss_mb" in " ".join(incident["prevention"])
+    measured = re.search(r"its resident memory, ([0-9.]+) MB, passed", incident["symptom"])
+    assert measured, incident["symptom"]
+    assert float(measured.group(1)) > 20
+    assert "[supervision] max_rss_mb = 20" in incident["symptom"]
     exit_record = json.loads(
         (daemon.job_folder("fat") / "attempts" / "1" / "exit.json").read_text()
     )

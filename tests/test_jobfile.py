@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ from pydantic import ValidationError
 from jobwarden.errors import JobFileError
 from jobwarden.hashing import config_hash
 from jobwarden.jobfile import MAX_JOB_FILE_BYTES, load_job
+from jobwarden.jobwarnings import job_warnings
 
 
 def problems_of(path: Path, text: str) -> list[str]:
@@ -134,3 +137,66 @@ def test_operational_fields_do_not_change_the_config_hash(tmp_path: Path) -> Non
     ja, jb, jc = load_job(a), load_job(b), load_job(c)
     assert config_hash(ja.task, ja.train_fields()) == config_hash(jb.task, jb.train_fields())
     assert config_hash(ja.task, ja.train_fields()) != config_hash(jc.task, jc.train_fields())
+
+
+def test_a_misspelled_field_names_the_one_meant(tmp_path: Path) -> None:
+    """An unknown field close to a real one says which, in every section and in [train]."""
+    found = problems_of(
+        tmp_path / "j.toml",
+        'id = "x"\ntask = "linreg"\ncheckpiont = "c"\n[run]\nstepz = 3\n'
+        "[supervision]\nstal_timeout_s = 3\n[train]\nlearning_rat = 0.1\n",
+    )
+    assert sorted(found) == [
+        "checkpiont: unknown field; did you mean 'checkpoint'? (found 'c')",
+        "run.stepz: unknown field; did you mean 'steps'? (found 3)",
+        "supervision.stal_timeout_s: unknown field; did you mean 'stall_timeout_s'? (found 3)",
+        "train.learning_rat: unknown field; did you mean 'learning_rate'? (found 0.1)",
+    ]
+    far = problems_of(tmp_path / "k.toml", 'id = "x"\ntask = "linreg"\n[run]\nzzz = 1\n')
+    assert far == ["run.zzz: unknown field (found 1)"]
+
+
+def test_supervision_defaults_are_safe_for_real_models(tmp_path: Path) -> None:
+    """The stall timeout is automatic and the rss limit off unless a job sets them."""
+    spec = tmp_path / "j.toml"
+    spec.write_text('id = "demo"\ntask = "linreg"\n')
+    sup = load_job(spec).supervision
+    assert (sup.stall_timeout_s, sup.max_rss_mb) == (None, None)
+    assert (sup.startup_timeout_s, sup.max_restarts, sup.stop_grace_s) == (60.0, 3, 30.0)
+
+
+def test_settings_that_cannot_work_are_warned_about(tmp_path: Path) -> None:
+    """A stall timeout under the job's own step delay, a tiny startup timeout or rss
+    limit: each warned about, naming the field; a sane file gets no warning."""
+    spec = tmp_path / "j.toml"
+    spec.write_text(
+        'id = "w"\ntask = "linreg"\n[faults]\nstep_delay_s = 6\n'
+        "[supervision]\nstall_timeout_s = 5\nstartup_timeout_s = 2\nmax_rss_mb = 100\n"
+    )
+    warned = job_warnings(load_job(spec))
+    assert [w.split(" = ")[0] for w in warned] == [
+        "supervision.stall_timeout_s",
+        "supervision.startup_timeout_s",
+        "supervision.max_rss_mb",
+    ]
+    spec.write_text('id = "w"\ntask = "linreg"\n[supervision]\nstall_timeout_s = 30\n')
+    assert job_warnings(load_job(spec)) == []
+
+
+def test_submit_prints_the_warnings(tmp_path: Path) -> None:
+    """`wardenctl submit` says the warning on stderr before it asks the daemon."""
+    spec = tmp_path / "w.toml"
+    spec.write_text(
+        'id = "w"\ntask = "linreg"\n[faults]\nstep_delay_s = 6\n'
+        "[supervision]\nstall_timeout_s = 5\n"
+    )
+    wardenctl = Path(sys.executable).parent / "wardenctl"
+    done = subprocess.run(
+        [wardenctl, "--socket", tmp_path / "none.sock", "submit", spec],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "warning: supervision.stall_timeout_s = 5 is not longer than" in done.stderr
+    assert done.returncode != 0  # no daemon there

@@ -238,3 +238,8 @@ class TestAdmitAndLimits:
     def test_memory_limit_is_strictly_above(self, rss: float | None, over: bool) -> None:
         """At the limit is allowed; above it stops; no sample never stops."""
         assert over == policy.over_memory_limit(rss, 4096)
+
+    def test_no_memory_limit_by_default(self) -> None:
+        """max_rss_mb is off unless a job sets it: no rss ever stops a worker then."""
+        assert record().job.supervision.max_rss_mb is None
+        assert not policy.over_memory_limit(10**7, None)

@@ -6,7 +6,7 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from jobwarden.daemon.stall import StallPhase, StallWatch
+from jobwarden.daemon.stall import AUTO_FACTOR, AUTO_FLOOR_S, StallPhase, StallWatch, auto_timeout
 
 
 class FakeClock:
@@ -109,3 +109,54 @@ class TestStallWatch:
         stall.alive(100)
         clock.advance(3.25)
         assert stall.gap() == 3.25
+
+
+class TestAutomaticTimeout:
+    """stall_timeout_s unset: max(60 s, 10x the slowest gap seen between forward motions)."""
+
+    def test_the_floor_holds_for_fast_updates(self) -> None:
+        """Updates of 0.1 s: the deadline is the 60 s floor, not 1 s."""
+        clock, stall, fired = watch()
+        stall.start(60)
+        for _ in range(20):
+            clock.advance(0.1)
+            stall.alive(None)
+        assert stall.timeout_s == AUTO_FLOOR_S
+        clock.advance(59.9)
+        assert fired == []
+        clock.advance(0.2)
+        assert [phase for phase, _ in fired] == [StallPhase.STALL]
+
+    def test_slow_updates_are_not_a_stall(self) -> None:
+        """A model with 6 s updates (the case a fixed 5 s default declared stalled on every
+        step) and a 9 s commit runs on; the deadline grows to 10x the slowest gap."""
+        clock, stall, fired = watch()
+        stall.start(60)
+        clock.advance(2)
+        stall.alive(None)  # ready
+        for gap in [6, 6, 9, 6, 6]:
+            clock.advance(gap)
+            stall.alive(None)
+        assert fired == []
+        assert stall.slowest_gap_s == 9
+        assert stall.timeout_s == AUTO_FACTOR * 9
+        clock.advance(89.9)
+        assert fired == []
+        clock.advance(0.2)
+        assert len(fired) == 1
+
+    def test_the_startup_phase_is_not_an_update(self) -> None:
+        """The wait for ready (imports, compilation) is not counted as an update's gap."""
+        clock, stall, _ = watch()
+        stall.start(600)
+        clock.advance(300)
+        stall.alive(None)
+        assert stall.slowest_gap_s == 0
+        assert stall.timeout_s == AUTO_FLOOR_S
+
+    def test_at_least_lengthens_a_short_deadline(self) -> None:
+        """The last event gives the process its exit time, even under a short timeout."""
+        _, stall, _ = watch()
+        stall.alive(1, at_least_s=60)
+        assert stall.timeout_s == 60
+        assert auto_timeout(0.5) == AUTO_FLOOR_S

@@ -144,7 +144,7 @@ class Attempt:
         verifier = self.verifier
         return verifier.incident if verifier and verifier.verdict is Verdict.PENDING else None
 
-    def observe(self, event: Event, stall_timeout_s: float, exit_timeout_s: float) -> None:
+    def observe(self, event: Event, stall_timeout_s: float | None, exit_timeout_s: float) -> None:
         """Learn from one event: forward motion re-arms the stall watch, and a last event
         (completed, failed) gives the process ``exit_timeout_s`` to leave: interpreter and
         JAX teardown is not a stall of the training."""
@@ -153,7 +153,7 @@ class Attempt:
         if kind in ("ready", "progress", "checkpoint"):
             self.stall.alive(stall_timeout_s)
         elif kind in ("completed", "failed"):
-            self.stall.alive(max(stall_timeout_s, exit_timeout_s))
+            self.stall.alive(stall_timeout_s, at_least_s=exit_timeout_s)
         if kind == "progress":
             self.last_progress = self.last_event
             self.mark_cpu()
@@ -164,7 +164,7 @@ class Attempt:
         elif kind == "failed":
             self.failure = event
 
-    def beat(self, stall_timeout_s: float) -> None:
+    def beat(self, stall_timeout_s: float | None) -> None:
         """A plain program's heartbeat: forward motion, as ``progress`` is for an SDK program."""
         self.stall.alive(stall_timeout_s)
         self.mark_cpu()

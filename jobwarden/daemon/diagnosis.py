@@ -143,6 +143,15 @@ def symptom(attempt: Attempt, info: ExitInfo, kind: IncidentKind) -> str:
             f"{cpu.get('over_s')} s ({cpu.get('percent')}%): the program was {verdict}. "
             f"It was stopped (SIGTERM, {STALL_KILL_GRACE_S:g} s grace, SIGKILL)."
         )
+    if kind is K.RSS_LIMIT:
+        rss = (record.sample or {}).get("rss_mb")
+        return (
+            f"Attempt {attempt.number} of job {record.id} ({record.job.label()}) was stopped "
+            f"by the daemon after {info.duration_s:.2f} s: its resident memory, {rss} MB, "
+            f"passed [supervision] max_rss_mb = {record.job.supervision.max_rss_mb}. Raise "
+            "that field, or remove it (no limit is the default). Its last event was "
+            f"{last.get('event')} at step {last.get('step')}."
+        )
     how = f"was killed by {info.signal}" if info.signal else f"exited with status {info.status}"
     what = (
         f" ({failure['code']}: {failure['message']})"

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from jobwarden.daemon.stall import Clock, Timer
+from jobwarden.daemon.stall import AUTO_FLOOR_S, Clock, Timer
 from jobwarden.jobfile import Job, SupervisionSection
 from jobwarden.program import HeartbeatSection
 
@@ -31,7 +31,8 @@ MIN_POLL_S = 0.02
 
 def poll_interval(supervision: SupervisionSection) -> float:
     """How often a heartbeat file is looked at: a quarter of the shorter timeout, at most 1 s."""
-    shortest = min(supervision.startup_timeout_s, supervision.stall_timeout_s)
+    stall = supervision.stall_timeout_s
+    shortest = min(supervision.startup_timeout_s, AUTO_FLOOR_S if stall is None else stall)
     return min(MAX_POLL_S, max(MIN_POLL_S, shortest / 4))
 
 

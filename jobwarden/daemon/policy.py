@@ -239,6 +239,6 @@ def admit(record: JobRecord, owner: JobRecord | None) -> Escalate | None:
     )
 
 
-def over_memory_limit(rss_mb: float | None, limit_mb: float) -> bool:
-    """Whether a worker's sampled rss calls for stopping it."""
-    return rss_mb is not None and rss_mb > limit_mb
+def over_memory_limit(rss_mb: float | None, limit_mb: float | None) -> bool:
+    """Whether a worker's sampled rss calls for stopping it (never without a limit)."""
+    return rss_mb is not None and limit_mb is not None and rss_mb > limit_mb

@@ -4,6 +4,13 @@ Deadlines are timers on a monotonic clock (the daemon's loop), re-armed on
 every ready, progress or checkpoint event, so detection is as late as the
 timer fires, a few milliseconds past the timeout.  The clock is anything with
 the loop's ``time()`` and ``call_at()``, so tests drive it by hand.
+
+A stall timeout of ``None`` is the default, ``auto``: the deadline is
+``max(AUTO_FLOOR_S, AUTO_FACTOR x the slowest gap seen so far)`` between two
+forward-motion events of this attempt, so a model whose updates (or commits)
+take 6 s gets a minute of grace at least, and one whose commits take 20 s gets
+200 s, while a hang is still caught.  The first gap after ``ready`` includes
+the compilation of the step; it counts, which only makes the deadline longer.
 """
 
 from __future__ import annotations
@@ -41,6 +48,17 @@ class Clock(Protocol):
         ...
 
 
+AUTO_FLOOR_S = 60.0
+"""The shortest automatic stall timeout."""
+AUTO_FACTOR = 10.0
+"""The automatic stall timeout, in multiples of the slowest gap seen."""
+
+
+def auto_timeout(slowest_gap_s: float) -> float:
+    """The automatic stall timeout after a slowest gap of ``slowest_gap_s``."""
+    return max(AUTO_FLOOR_S, AUTO_FACTOR * slowest_gap_s)
+
+
 class StallWatch:
     """The deadline of one attempt; calls ``on_stall(phase, gap_s)`` once it passes."""
 
@@ -49,12 +67,17 @@ class StallWatch:
         self.on_stall = on_stall
         self.phase = StallPhase.STARTUP
         self.last_event = clock.time()
+        self.slowest_gap_s = 0.0
+        """the longest time between two forward-motion events after ``ready``"""
+        self.timeout_s = 0.0
+        """the deadline now armed, in seconds after the last event"""
         self._timer: Timer | None = None
 
     def _arm(self, phase: StallPhase, timeout_s: float) -> None:
         self.cancel()
         self.phase = phase
         self.last_event = self.clock.time()
+        self.timeout_s = timeout_s
         self._timer = self.clock.call_at(self.last_event + timeout_s, self._fire)
 
     def _fire(self) -> None:
@@ -65,9 +88,15 @@ class StallWatch:
         """Arm the startup deadline (spawn until ``ready``)."""
         self._arm(StallPhase.STARTUP, startup_timeout_s)
 
-    def alive(self, stall_timeout_s: float) -> None:
-        """Forward motion (ready, progress, checkpoint): re-arm the stall deadline."""
-        self._arm(StallPhase.STALL, stall_timeout_s)
+    def alive(self, stall_timeout_s: float | None, at_least_s: float = 0.0) -> None:
+        """Forward motion (ready, progress, checkpoint): re-arm the stall deadline, of
+        ``stall_timeout_s``, or automatic when it is None; never shorter than
+        ``at_least_s``."""
+        if self.phase is StallPhase.STALL:
+            self.slowest_gap_s = max(self.slowest_gap_s, self.gap())
+        if stall_timeout_s is None:
+            stall_timeout_s = auto_timeout(self.slowest_gap_s)
+        self._arm(StallPhase.STALL, max(stall_timeout_s, at_least_s))
 
     def gap(self) -> float:
         """Seconds since the last forward motion."""

@@ -270,7 +270,7 @@ class JobSupervisor:
     async def _handle_stall(self, attempt: Attempt, phase: StallPhase, gap: float) -> None:
         sup, record = self.record.job.supervision, self.record
         startup = phase is StallPhase.STARTUP
-        timeout = sup.startup_timeout_s if startup else sup.stall_timeout_s
+        timeout = sup.startup_timeout_s if startup else attempt.stall.timeout_s
         try:
             attempt.stall_evidence = await stalled.stall_evidence(attempt, phase, gap, timeout)
             if record.state in (S.RUNNING, S.STARTING, S.RECOVERING):

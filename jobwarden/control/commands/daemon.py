@@ -88,6 +88,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         sys.stderr.write(f"wardenctl submit: {source} is invalid, not submitted:\n")
         sys.stderr.write("".join(f"  {problem}\n" for problem in error.problems))
         return EXIT_USAGE
+    from jobwarden.jobwarnings import job_warnings
+
+    for warning in job_warnings(job):
+        sys.stderr.write(f"wardenctl submit: warning: {warning}\n")
     content = source.read_text()
     suffix = ".json" if source.suffix == ".json" else ".toml"
     if resolved is not document:
