@@ -59,7 +59,7 @@ class _Busy(Exception):
 
 
 def request(path: Path, cmd: str, timeout: float = 10.0, **args: Any) -> Any:
-    """Send one request and return its result.
+    """Send one request and return its result (a `StatusAnswer` for ``status``).
 
     Raises ControlError (the daemon refused it), DaemonUnreachable (nothing
     listens on ``path``) or DaemonBusy (no answer within ``timeout`` seconds).
@@ -83,11 +83,36 @@ def request(path: Path, cmd: str, timeout: float = 10.0, **args: Any) -> Any:
             pause = min(pause * 2, RETRY_S[1])
             continue
         if reply.get("ok"):
-            return reply.get("result")
+            result = reply.get("result")
+            if cmd == "status" and isinstance(result, dict) and "columns" in result:
+                return StatusAnswer(result)
+            return result
         failure = reply.get("error") or {}
         raise ControlError(
             str(failure.get("code", "control.error")), str(failure.get("message", "?"))
         )
+
+
+class StatusAnswer(dict[str, Any]):
+    """A ``status`` answer, its table column by column as the daemon sends it.
+
+    ``answer["columns"]`` holds one list per field; ``answer["jobs"]`` gives
+    the same table as one dict per job, built the first time it is read, so a
+    caller that reads only the columns or the totals never pays for the rows.
+    """
+
+    def __missing__(self, key: str) -> Any:
+        if key != "jobs" or not isinstance(self.get("columns"), dict):
+            raise KeyError(key)
+        rows = status_rows(self["columns"])
+        self["jobs"] = rows
+        return rows
+
+
+def status_rows(columns: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The status table's columns as one dict per job."""
+    names = list(columns)
+    return [dict(zip(names, row, strict=True)) for row in zip(*columns.values(), strict=True)]
 
 
 def _connect(path: Path, deadline: float) -> socket.socket:

@@ -4,44 +4,87 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 
-def _age(seconds: float | None) -> str:
+def duration(seconds: float | None) -> str:
+    """Seconds as supervisorctl writes an uptime (``0:01:23``, ``2 days, 3:04:05``); ``-``
+    when absent."""
     if seconds is None:
         return "-"
-    return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.0f}m"
+    return str(timedelta(seconds=max(0, int(seconds))))
+
+
+def size(mib: float | None) -> str:
+    """A size in MiB as people read it (``412 MB``, ``1.2 GB``); ``-`` when absent."""
+    if mib is None:
+        return "-"
+    value = mib * 2**20
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000:
+            return f"{value:.0f} {unit}" if value >= 10 or unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TB"
+
+
+def cell(value: Any) -> str:
+    """A value as a table cell: ``-`` when absent, never ``None``."""
+    return "-" if value is None else str(value)
+
+
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """Rows under a header, each column padded to its widest value."""
+    lines = [header, *rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    )
+
+
+STATUS_HEADER = ("JOB", "STATE", "ATTEMPT", "STEP", "LAST", "CKPT", "PID", "RSS", "UPTIME")
 
 
 def render_status(data: dict[str, Any]) -> str:
-    """Status rows as a table."""
-    header = ("JOB", "STATE", "ATTEMPT", "STEP", "LAST", "CKPT", "PID", "RSS", "UPTIME")
-    rows = [header] + [
+    """The status table from its columns, the jobs per state, and the rejected requests."""
+    c = data["columns"]
+    rows = [
         (
-            r["id"],
-            r["state"],
-            str(r["attempt"]),
-            f"{r['step']}/{r['steps']}",
-            _age(r["last_progress_age_s"]),
-            "-" if r["newest_checkpoint_step"] is None else str(r["newest_checkpoint_step"]),
-            str(r["pid"] or "-"),
-            "-" if r["rss_mb"] is None else f"{r['rss_mb']:.0f}M",
-            _age(r["uptime_s"]),
+            c["id"][i],
+            c["state"][i],
+            str(c["attempt"][i]),
+            f"{c['step'][i]}/{c['steps'][i]}",
+            duration(c["last_progress_age_s"][i]),
+            cell(c["newest_checkpoint_step"][i]),
+            cell(c["pid"][i]),
+            size(c["rss_mb"][i]),
+            duration(c["uptime_s"][i]),
         )
-        for r in data["jobs"]
+        for i in range(len(c["id"]))
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
+    totals = data["totals"]
+    per_state = ", ".join(f"{n} {state}" for state, n in totals["states"].items())
+    count = totals["jobs"]
+    lines = [
+        table(STATUS_HEADER, rows) if rows else "no jobs",
+        *([f"{count} job{'s' * (count != 1)}: {per_state}"] if count else []),
+    ]
+    rejected = totals.get("rejected", 0)
+    if rejected:
+        lines.append(f"{rejected} rejected request{'s' * (rejected != 1)}: wardenctl rejected")
+    return "\n".join(lines)
 
 
 def render_job(data: dict[str, Any]) -> str:
     """One job's detail view."""
+    shown = {
+        **data,
+        "rss_mb": size(data.get("rss_mb")),
+        "incidents": ", ".join(data.get("incidents") or []) or None,
+    }
     lines = [
-        f"{k}: {data[k]}"
+        f"{k}: {cell(shown.get(k))}"
         for k in (
             "id",
             "state",

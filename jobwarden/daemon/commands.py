@@ -10,18 +10,16 @@ bounds before use (a bool is not an integer here, whatever Python says).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobwarden import __version__
 from jobwarden.checkpoint.signing import load_key
 from jobwarden.checkpoint.store import directory_verdicts
-from jobwarden.control.protocol import MAX_INT, PROTOCOL_VERSION, ControlError, Encoded, is_int
-from jobwarden.daemon import metrics
+from jobwarden.control.protocol import MAX_INT, PROTOCOL_VERSION, ControlError, is_int
+from jobwarden.daemon import metrics, status
 from jobwarden.daemon.attempt import output_entry, stdout_name
 from jobwarden.daemon.jobs import JobRecord
 from jobwarden.daemon.spool import Rejection, name_problems
@@ -34,7 +32,6 @@ if TYPE_CHECKING:
 
 Handler = Any
 RESUMABLE = frozenset({JobState.PREEMPTED, *NEEDS_ATTENTION})
-ATTENTION = tuple(NEEDS_ATTENTION)  # compared by identity: no enum hashing per job
 EVENTS_PER_REQUEST = 2000
 MAX_SUBMIT_NAME_BYTES = 128
 INCIDENT_PATTERN = re.compile(rf"({NAME_PATTERN.pattern})-([0-9]{{1,9}})")
@@ -42,9 +39,9 @@ INCIDENT_PATTERN = re.compile(rf"({NAME_PATTERN.pattern})-([0-9]{{1,9}})")
 
 def handlers(daemon: Wardend) -> dict[str, Handler]:
     """Every command, bound to ``daemon``."""
-    rows = StatusRows()
+    rows = status.StatusRows()
     return {
-        "status": lambda args: status(daemon, args, rows),
+        "status": lambda args: status.status(daemon, args, rows),
         "incidents": lambda args: incidents(daemon, args),
         "runbook": lambda args: runbook(daemon, args),
         "events": lambda args: events(daemon, args),
@@ -99,87 +96,6 @@ def resume(daemon: Wardend, args: dict[str, Any]) -> Any:
             "resume applies to preempted, failed or escalated jobs",
         )
     return daemon.resume_job(record)
-
-
-def summary(daemon: Wardend, record: JobRecord, now: float) -> dict[str, Any]:
-    """One status row."""
-    live = daemon.is_live(record.id)
-    sample = record.sample if live else {}
-    return {
-        "id": record.id,
-        "state": record.state.value,
-        "reason": record.reason,
-        "attempt": record.attempt,
-        "restarts": record.restarts,
-        "step": record.step,
-        "steps": record.job.run.steps,
-        "task": record.job.task,
-        "checkpoint": record.checkpoint,
-        "last_progress_age_s": round(now - record.last_progress, 3)
-        if record.last_progress
-        else None,
-        "newest_checkpoint_step": record.newest_checkpoint_step,
-        "pid": record.pid,
-        "rss_mb": sample.get("rss_mb"),
-        "cpu_percent": sample.get("cpu_percent"),
-        "process_status": sample.get("status"),
-        "threads": sample.get("threads"),
-        "uptime_s": round(now - record.attempt_started, 3)
-        if live and record.attempt_started
-        else None,
-        "incidents": list(record.incidents),
-        "replayed_updates": record.replayed_updates,
-        "time_lost_s": round(record.time_lost_s, 3),
-    }
-
-
-class StatusRows:
-    """Encoded status rows of the jobs no supervisor holds, each kept until its record is saved.
-
-    Such a record changes only through `JobTable.save`, which stamps
-    ``updated``; only the age of its last progress is computed at each request
-    (its uptime is null: nothing runs).  Rows of jobs a supervisor holds change
-    with every event and sample, and are encoded afresh.
-    """
-
-    def __init__(self) -> None:
-        self.cached: dict[str, tuple[float, str]] = {}
-
-    def row(self, daemon: Wardend, record: JobRecord, now: float) -> str:
-        """One status row as JSON text."""
-        if record.id in daemon.supervisors:
-            return json.dumps(summary(daemon, record, now), allow_nan=False)
-        found = self.cached.get(record.id)
-        if found is None or found[0] != record.updated:
-            fields = summary(daemon, record, now)
-            del fields["last_progress_age_s"], fields["uptime_s"]
-            text = json.dumps(fields, allow_nan=False)[:-1] + ', "uptime_s": null'
-            found = record.updated, text + ', "last_progress_age_s": '
-            self.cached[record.id] = found
-        if not record.last_progress:
-            return found[1] + "null}"
-        return f"{found[1]}{now - record.last_progress:.3f}}}"
-
-
-def status(daemon: Wardend, args: dict[str, Any], rows: StatusRows | None = None) -> Any:
-    """status [job]: one row per job, or one job with its history and request."""
-    now = time.time()
-    if args.get("job") is not None:
-        record = job_record(daemon, args)
-        return {
-            **summary(daemon, record, now),
-            "history": record.history,
-            "request": record.job.to_record(),
-        }
-    rows = rows or StatusRows()
-    table = ", ".join([rows.row(daemon, r, now) for r in daemon.table])
-    info = {
-        "pid": os.getpid(),
-        "version": __version__,
-        "uptime_s": round(now - daemon.started, 3),
-        "needs_attention": sum(r.state in ATTENTION for r in daemon.table),
-    }
-    return Encoded(f'{{"jobs": [{table}], "daemon": {json.dumps(info)}}}'.encode())
 
 
 def incidents(daemon: Wardend, args: dict[str, Any]) -> Any:

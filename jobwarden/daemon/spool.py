@@ -186,6 +186,9 @@ class Spool:
         self.known = known
         self._stamp = 0
         self._next_suffix: dict[str, int] = {}
+        self.rejected = count_rejected(root)
+        """Error files in spool/rejected: counted once here, then kept by `_reject` (the loop
+        only reads it)."""
 
     def take(self, path: Path) -> Job | Rejection | None:
         """Claim ``path`` and validate it; its job folder or its rejection is durable on return.
@@ -279,12 +282,17 @@ class Spool:
             "received": time.time(),
             "problems": problems,
         }
+        counted = not os.path.lexists(error_file)  # one left by a crash is counted already
         write_text_atomic(error_file, json.dumps(record, indent=2) + "\n")
         try:
             os.rename(source, target)
         except FileNotFoundError:
             error_file.unlink(missing_ok=True)
+            if not counted:
+                self.rejected -= 1  # the crash's error file, gone with its request
             return None
+        if counted:
+            self.rejected += 1
         log.warning("spool.rejected", file=printable(name), kept_at=str(target), problems=problems)
         return Rejection(name, target, problems)
 
@@ -306,6 +314,15 @@ class Spool:
                 self._next_suffix[name] = suffix + 1
                 return target
             suffix += 1
+
+
+def count_rejected(root: Root) -> int:
+    """The error files in spool/rejected (0 when it cannot be listed)."""
+    try:
+        with os.scandir(root.rejected) as entries:
+            return sum(entry.name.endswith(ERROR_SUFFIX) for entry in entries)
+    except OSError:
+        return 0
 
 
 def _describes(error_file: Path, claimed_as: str) -> bool:

@@ -56,9 +56,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     except ControlError as error:
         sys.stderr.write(f"wardenctl: {error.message}\n")
         return EXIT_NO_SUCH if error.code == "control.no_such_job" else EXIT_REFUSED
-    emit(data, args.json, render_job if args.job else render_status)
-    states = [data["state"]] if args.job else [r["state"] for r in data["jobs"]]
-    return EXIT_ATTENTION if ATTENTION_STATES.intersection(states) else EXIT_OK
+    if args.job:
+        emit(data, args.json, render_job)
+        return EXIT_ATTENTION if data["state"] in ATTENTION_STATES else EXIT_OK
+    if args.json:  # one object per job, as scripts read it; the totals beside
+        data = {"jobs": data["jobs"], "totals": data["totals"], "daemon": data["daemon"]}
+    emit(data, args.json, render_status)
+    return EXIT_ATTENTION if data["totals"]["needs_attention"] else EXIT_OK
 
 
 def cmd_incidents(args: argparse.Namespace) -> int:
