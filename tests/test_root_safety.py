@@ -7,6 +7,7 @@ Run as root, as the adversary did: other users are stood in for by uid 65534
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 
 from jobwarden.daemon.layout import Root, RootLockedError
 from jobwarden.daemon.rootcheck import RootUnsafeError
+from tests.daemon import Daemon
 
 NOBODY = 65534
 
@@ -297,3 +299,39 @@ def test_deleting_the_lock_file_admits_no_second_daemon(tmp_path: Path) -> None:
             root.lock()
     finally:
         os.close(fd)
+
+
+@pytest.mark.slow
+class TestControlSocketPath:
+    """What is found at ``control.sock`` before the server binds: only a stale socket is ours."""
+
+    def test_a_planted_socket_link_is_refused_with_77_naming_the_path(
+        self, root: Root, precious: Path
+    ) -> None:
+        """control.sock linked to another file: exit 77 naming it, no traceback, file untouched."""
+        root.socket.symlink_to(precious)
+        done = wardend(root.path)
+        assert (precious.read_text(), mode_of(precious)) == ("do not touch\n", 0o644)
+        assert (done.status, "Traceback" in done.stderr) == (77, False)
+        assert done.stderr.startswith(f"wardend: {root.socket}: is a symlink")
+        assert root.socket.is_symlink()
+
+    def test_a_regular_file_there_is_refused_and_kept(self, root: Root) -> None:
+        """A regular file at control.sock: exit 77 naming it; the file is left as it was."""
+        root.socket.write_text("not a socket\n")
+        done = wardend(root.path)
+        assert (done.status, "Traceback" in done.stderr) == (77, False)
+        assert done.stderr.startswith(f"wardend: {root.socket}: is not a socket")
+        assert root.socket.read_text() == "not a socket\n"
+
+    def test_a_stale_socket_of_a_dead_daemon_is_replaced(self, root: Root) -> None:
+        """A socket nobody listens on (its daemon died) is replaced, and wardend serves."""
+        stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stale.bind(str(root.socket))
+        stale.close()
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with probe, pytest.raises(ConnectionRefusedError):
+            probe.connect(str(root.socket))
+        with Daemon(root.path) as daemon:
+            assert daemon.proc is not None
+            assert daemon.ask("version")["pid"] == daemon.proc.pid

@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from jobwarden import __version__, testfaults
-from jobwarden.daemon import commands, notify, spool
+from jobwarden.daemon import commands, notify, rootcheck, spool
 from jobwarden.daemon.incidents import IncidentLog
 from jobwarden.daemon.intake import Intake, Taken
 from jobwarden.daemon.jobs import JobRecord, JobTable
@@ -89,6 +89,8 @@ class Wardend:
 
     async def run(self) -> int:
         """Serve until SIGTERM, SIGINT or a shutdown request; returns the exit status."""
+        if (refused := rootcheck.socket_refusal(self.server.path)) is not None:
+            return refused  # before anything starts: the server replaces a stale socket only
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopping.set)

@@ -24,10 +24,15 @@ import contextlib
 import os
 import pwd
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import structlog
+
 from jobwarden.files import Directory, UnsafePathError, kind_of
+
+log = structlog.get_logger("wardend.rootcheck")
 
 OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 PRIVATE_FILE = 0o600
@@ -176,6 +181,38 @@ def check_file(path: Path) -> None:
     problem = _file_problem(info)
     if problem is not None:
         raise RootUnsafeError.at(path, problem, info, _file_expected())
+
+
+def check_socket(path: Path) -> None:
+    """Refuse what is at the control socket's path unless it is nothing or a socket of ours
+    (a stale one a dead daemon left, which the server replaces): a link or any other file
+    there is named, never unlinked or bound over."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return
+    problem = None
+    if stat.S_ISLNK(info.st_mode):
+        problem = "is a symlink"
+    elif not stat.S_ISSOCK(info.st_mode):
+        problem = "is not a socket"
+    elif info.st_uid != os.geteuid():
+        problem = "is owned by another user"
+    if problem is not None:
+        expected = f"nothing, or a stale Unix socket owned by {_me()}"
+        raise RootUnsafeError.at(path, problem, info, expected)
+
+
+def socket_refusal(path: Path) -> int | None:
+    """`check_socket` at daemon start: None when the server may bind, else the refusal is
+    written to stderr (one line) and the log, and its exit status (77) returned."""
+    try:
+        check_socket(path)
+    except RootUnsafeError as error:
+        sys.stderr.write(f"wardend: {error.message}\n")
+        log.error("wardend.socket_unsafe", path=error.path, error=error.message)
+        return error.exit_status
+    return None
 
 
 def open_private(path: Path, flags: int) -> int:
