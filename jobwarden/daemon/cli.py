@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from jobwarden.checkpoint.signing import load_key
-from jobwarden.daemon import launcher, logs
+from jobwarden.daemon import exporter, hooks, launcher, logs
 from jobwarden.daemon.core import Options, Wardend
 from jobwarden.daemon.layout import Root
 from jobwarden.errors import JobwardenError
@@ -78,6 +78,35 @@ def parser() -> argparse.ArgumentParser:
         help="a private key file (0600): workers sign every checkpoint with HMAC-SHA256 and "
         "refuse one whose signature is missing or wrong",
     )
+    ap.add_argument(
+        "--notify-exec",
+        metavar="PROGRAM",
+        help="run PROGRAM (no shell, no arguments) on each job state change and incident, "
+        "the event as JSON on stdin and in JOBWARDEN_EVENT_* variables",
+    )
+    ap.add_argument(
+        "--notify-webhook",
+        metavar="URL",
+        help="POST each job state change and incident as JSON to this http(s) URL",
+    )
+    ap.add_argument(
+        "--notify-timeout",
+        type=float,
+        default=default.notify.timeout_s,
+        help="seconds one try of the hook or webhook may take (3 tries per event)",
+    )
+    ap.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics here (off by default; a bare PORT binds 127.0.0.1)",
+    )
+    ap.add_argument(
+        "--metrics-textfile",
+        type=Path,
+        metavar="PATH",
+        help="rewrite this file atomically with the metrics every sampling turn "
+        "(for node_exporter's textfile collector: name it *.prom)",
+    )
     return ap
 
 
@@ -88,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         chosen = launcher.load(args.launcher)
         if args.signing_key is not None:
             load_key(args.signing_key.absolute())
+        notify = hooks.Settings(
+            exec=hooks.check_program(args.notify_exec) if args.notify_exec else None,
+            webhook=hooks.check_webhook(args.notify_webhook) if args.notify_webhook else None,
+            timeout_s=args.notify_timeout,
+        )
+        if args.metrics_listen is not None:
+            exporter.parse_address(args.metrics_listen)
     except JobwardenError as error:
         sys.stderr.write(f"wardend: {error.message}\n")
         return error.exit_status
@@ -111,9 +147,17 @@ def main(argv: list[str] | None = None) -> int:
         control_timeout_s=args.control_timeout,
         launcher=args.launcher,
         signing_key=args.signing_key.absolute() if args.signing_key else None,
+        notify=notify,
+        metrics=exporter.Settings(
+            args.metrics_listen,
+            args.metrics_textfile.absolute() if args.metrics_textfile else None,
+        ),
     )
     try:
         return asyncio.run(Wardend(root, options, chosen).run())
+    except exporter.MetricsListenError as error:
+        sys.stderr.write(f"wardend: {error.message}\n")
+        return error.exit_status
     finally:
         stream.close()
         os.close(lock)

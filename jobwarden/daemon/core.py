@@ -15,14 +15,14 @@ import signal
 import time
 from collections import deque
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from jobwarden import __version__, testfaults
-from jobwarden.daemon import commands, notify, rootcheck, spool
+from jobwarden.daemon import commands, exporter, hooks, notify, rootcheck, spool
 from jobwarden.daemon.incidents import IncidentLog
 from jobwarden.daemon.intake import Intake, Taken
 from jobwarden.daemon.jobs import JobRecord, JobTable
@@ -54,6 +54,8 @@ class Options:
     control_timeout_s: float = 5.0
     launcher: str = "local"
     signing_key: Path | None = None
+    notify: hooks.Settings = field(default_factory=hooks.Settings)
+    metrics: exporter.Settings = field(default_factory=exporter.Settings)
 
 
 class Wardend:
@@ -77,6 +79,8 @@ class Wardend:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.started = time.time()
         self.notifier = notify.Notifier()
+        self.hooks = hooks.Notifications.attach(options.notify, root, self.table, self.incidents)
+        self.exporter = exporter.Exporter(self, options.metrics, options.sample_interval_s)
         self.last_status = ""
         self.server = ControlServer(
             options.socket or root.socket,
@@ -96,6 +100,8 @@ class Wardend:
             loop.add_signal_handler(signum, self.stopping.set)
         if testfaults.active(testfaults.Fault.BLOCK_LOOP_ON_SIGUSR2):
             loop.add_signal_handler(signal.SIGUSR2, time.sleep, BLOCK_S)
+        self.exporter.start(self._spawn)  # raises MetricsListenError before anything else starts
+        self.hooks.start()
         self._services = Services(
             root=self.root,
             table=self.table,
@@ -149,6 +155,8 @@ class Wardend:
         observer.stop()
         observer.join(5)
         await self.server.close()
+        self.hooks.close()
+        self.exporter.close()
         self.incidents.close()
         log.info("wardend.stopped", pid=os.getpid())
         return 0

@@ -16,6 +16,7 @@ import json
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -185,6 +186,8 @@ class IncidentLog:
         self.kinds: Counter[str] = Counter()
         self._files: dict[Path, int] = {}
         self.unwritten: dict[str, Incident] = {}
+        self.listeners: list[Callable[[Incident, str], None]] = []
+        """Called with ``incident.opened`` or ``incident.concluded`` once it is written."""
 
     def _append(self, path: Path, line: bytes) -> None:
         # Only the root's record stays open: one descriptor per job would grow with the table.
@@ -249,11 +252,15 @@ class IncidentLog:
         record.incidents.append(incident.id)
         self.kinds[incident.kind] += 1
         self.write(incident, event)
+        for listener in self.listeners:
+            listener(incident, "incident.opened")
 
     def conclude(self, incident: Incident, status: str, outcome: str, event: str) -> None:
         """Give the incident its final status and outcome, stamp it closed, and write it."""
         incident.status, incident.outcome, incident.closed = status, outcome, time.time()
         self.write(incident, event)
+        for listener in self.listeners:
+            listener(incident, "incident.concluded")
 
     def runbook_path(self, incident: Incident) -> Path:
         """Where the incident's runbook is."""

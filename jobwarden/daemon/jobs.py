@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +109,8 @@ class JobTable:
         self.root = root
         self.records: dict[str, JobRecord] = {}
         self.unsaved: set[str] = set()
+        self.listeners: list[Callable[[JobRecord, JobState | None, str], None]] = []
+        """Called after each transition (and on adoption, from None) with the source and reason."""
 
     def __iter__(self) -> Iterator[JobRecord]:
         return iter(self.records.values())
@@ -119,6 +121,11 @@ class JobTable:
     def get(self, job_id: str) -> JobRecord | None:
         """The record of ``job_id``, if known."""
         return self.records.get(job_id)
+
+    def drop(self, job_id: str) -> JobRecord | None:
+        """Forget a job whose folder has left ``jobs/`` (archived): its id is free again."""
+        self.unsaved.discard(job_id)
+        return self.records.pop(job_id, None)
 
     def add(self, job: Job) -> JobRecord:
         """Register a newly accepted job in state queued and persist it (its folder exists)."""
@@ -133,6 +140,8 @@ class JobTable:
         record = read_folder(self.root.job(job_id))
         self.records[record.id] = record
         log.info("job.queued", job=record.id, task=record.job.task, checkpoint=record.checkpoint)
+        for listener in self.listeners:
+            listener(record, None, record.reason)
         return record
 
     def save(self, record: JobRecord) -> None:
@@ -192,6 +201,8 @@ class JobTable:
             attempt=record.attempt,
             **fields,
         )
+        for listener in self.listeners:
+            listener(record, source, reason)
 
     def load(self) -> list[JobRecord]:
         """Read every persisted job (at daemon start); returns them in submission order.

@@ -85,6 +85,14 @@ class WardendCollector:
             "Worker stdout lines that were not valid events.",
             value=daemon.stats.malformed_event_lines,
         )
+        notifications = CounterMetricFamily(
+            "jobwarden_notifications",
+            "Notifications by outcome: sent, dropped after their tries, overflowed a full queue.",
+            labels=["outcome"],
+        )
+        for outcome, count in daemon.hooks.counts().items():
+            notifications.add_metric([outcome], count)
+        yield notifications
 
 
 def render(daemon: Wardend) -> str:
