@@ -193,18 +193,74 @@ def test_daemon_runs_and_recovers_under_the_units_sandbox(tmp_path: Path) -> Non
     assert any(e["event"] == "wardend.stopped" for e in log)
 
 
+def private_python(folder: Path) -> Path:
+    """A pyenv-like interpreter in a private folder (a copied venv, mode 0700 above it)."""
+    folder.mkdir(mode=0o700)
+    subprocess.run(
+        [SYSTEM_PYTHON, "-m", "venv", "--without-pip", "--copies", folder / "py"],
+        check=True,
+        timeout=120,
+    )
+    return folder / "py" / "bin" / "python3"
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def test_install_refuses_an_interpreter_the_service_user_cannot_run(tmp_path: Path) -> None:
+    """PYTHON= naming an interpreter in a private folder (or a home) is refused, naming
+    it and why, before anything is made."""
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip(f"LOUD SKIP: no {SYSTEM_PYTHON} here to copy a private interpreter from")
+    python = private_python(tmp_path / "private")
+    env = {**os.environ, "DESTDIR": str(tmp_path / "stage"), "PYTHON": str(python)}
+    done = subprocess.run(
+        [PROJECT / "systemd" / "install.sh", "install"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"refusing the interpreter {python}: {python} is under /tmp" in done.stderr
+    assert "PYTHON=/usr/bin/python3" in done.stderr
+    assert not (tmp_path / "stage" / "opt").exists()
+    home = Path(os.path.realpath(sys.base_prefix))
+    if home.is_relative_to("/root") or home.is_relative_to("/home"):
+        env["PYTHON"] = str(home / "bin" / "python3")
+        done = subprocess.run(
+            [PROJECT / "systemd" / "install.sh"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 2
+        assert "which the unit's ProtectHome= hides" in done.stderr
+
+
 @pytest.mark.slow
 def test_staged_install_is_idempotent_and_uninstall_removes_it(tmp_path: Path) -> None:
-    """install.sh twice into a staging root (the second changes nothing), then uninstall."""
+    """install.sh twice into a staging root (the second changes nothing), then uninstall.
+
+    The `python3` first on PATH is a private one, as a pyenv's in a home is: the install
+    says so and builds on the system's python3 instead; it links wardenctl onto PATH, and
+    uninstall removes that link, an enable link and the emptied prefix."""
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip(f"LOUD SKIP: no {SYSTEM_PYTHON} here to install from")
+    private = private_python(tmp_path / "private")
     env = {
         **os.environ,
         "DESTDIR": str(tmp_path / "stage"),
         "PREFIX": "/opt/jobwarden",
-        "PYTHON": os.path.realpath(sys.base_prefix) + "/bin/python3",
+        "PATH": f"{private.parent}:{os.environ['PATH']}",
         # pip's --compile off: byte-compiling the ~650 MB of dependencies is a third of the
         # install's CPU time, and nothing here depends on it.
         "PIP_COMPILE": "0",
     }
+    env.pop("PYTHON", None)
     script = PROJECT / "systemd" / "install.sh"
 
     def run(action: str) -> str:
@@ -216,6 +272,10 @@ def test_staged_install_is_idempotent_and_uninstall_removes_it(tmp_path: Path) -
 
     first = run("install")
     stage = tmp_path / "stage"
+    assert f"{private}: {private} is under /tmp" in first
+    assert f"using {SYSTEM_PYTHON} instead" in first
+    link = stage / "usr" / "local" / "bin" / "wardenctl"
+    assert os.readlink(link) == "/opt/jobwarden/venv/bin/wardenctl"
     unit = stage / "etc" / "systemd" / "system" / "wardend.service"
     assert f"created virtual environment {stage}/opt/jobwarden/venv" in first
     assert f"installed {unit}" in first
@@ -233,7 +293,14 @@ def test_staged_install_is_idempotent_and_uninstall_removes_it(tmp_path: Path) -
     assert "exists" in second
     assert f"unchanged {unit}" in second
     assert "installed /" not in second.replace("installed jobwarden", "")
+    assert f"unchanged {link}" in second
+    wants = stage / "etc" / "systemd" / "system" / "multi-user.target.wants"
+    wants.mkdir()
+    (wants / "wardend.service").symlink_to("/etc/systemd/system/wardend.service")
     removed = run("uninstall")
     assert f"removed {unit}" in removed
     assert not (stage / "opt" / "jobwarden" / "venv").exists()
+    assert not (wants / "wardend.service").is_symlink()
+    assert not link.is_symlink()
+    assert not (stage / "opt" / "jobwarden").exists()
     assert f"absent {unit}" in run("uninstall")

@@ -25,6 +25,7 @@ from jobwarden.errors import JobwardenError
 ROOT_ENV = "JOBWARDEN_ROOT"
 SOCKET_ENV = "JOBWARDEN_SOCKET"
 DEFAULT_ROOT = "/var/lib/jobwarden"
+DEFAULT_SOCKET = "/run/jobwarden/control.sock"
 RETRY_S = (0.01, 0.2)  # first and largest pause between attempts at a busy daemon
 _ids = itertools.count(1)
 
@@ -44,14 +45,20 @@ class DaemonBusy(JobwardenError):
 
 
 def socket_for(root: str | None, sock: str | None) -> Path:
-    """The socket, first found of: --socket, --root's, $JOBWARDEN_SOCKET, $JOBWARDEN_ROOT's."""
+    """The socket, first found of: --socket, --root's, $JOBWARDEN_SOCKET, $JOBWARDEN_ROOT's.
+
+    The shipped unit's root, `DEFAULT_ROOT`, has its socket in `DEFAULT_SOCKET` (the
+    unit's RuntimeDirectory): that is where a root of /var/lib/jobwarden is asked,
+    unless a socket is in the root itself (a daemon started there by hand)."""
     if sock:
         return Path(sock)
-    if root:
-        return Path(root) / "control.sock"
-    if os.environ.get(SOCKET_ENV):
+    if not root and os.environ.get(SOCKET_ENV):
         return Path(os.environ[SOCKET_ENV])
-    return Path(os.environ.get(ROOT_ENV) or DEFAULT_ROOT) / "control.sock"
+    folder = Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT)
+    in_root = folder / "control.sock"
+    if folder == Path(DEFAULT_ROOT) and not in_root.exists():
+        return Path(DEFAULT_SOCKET)
+    return in_root
 
 
 class _Busy(Exception):
