@@ -317,6 +317,71 @@ class TestState:
         assert all(np.array_equal(arrays[p], a) for p, a in state_tree.flatten(back))
 
 
+class TestCachedHashing:
+    """The cached flattening and hashing give exactly what state.flatten and state_hash do."""
+
+    @staticmethod
+    def states() -> list[Any]:
+        """States of every kind of leaf, and the same structure again with other shapes."""
+        import jax
+        import jax.numpy as jnp
+
+        wide = np.arange(24, dtype=np.float32).reshape(4, 6)
+        return [
+            {
+                "key": jax.random.key(7),
+                "rbg": jax.random.key(1, impl="rbg"),
+                "raw": jax.random.PRNGKey(3),
+                "data": {"epoch": 3, "index": np.int32(5), "rate": 0.5, "flag": True},
+                "params": {"w": jnp.ones((3, 2)), "b": jnp.zeros((), jnp.bfloat16)},
+                "numpy": {"big": np.arange(5, dtype=">f8"), "strided": wide[:, ::2]},
+                "small": (jnp.int8(-3), np.float16(1.5), np.array([True, False])),
+            },
+            {
+                "key": jax.random.key(8),
+                "rbg": jax.random.key(2, impl="rbg"),
+                "raw": jax.random.PRNGKey(4),
+                "data": {"epoch": 4, "index": np.int32(0), "rate": 0.25, "flag": False},
+                "params": {"w": jnp.ones((2, 5)), "b": jnp.ones((1,), jnp.bfloat16)},
+                "numpy": {"big": np.arange(2, dtype=">i4"), "strided": wide.T},
+                "small": (jnp.int8(4), np.float16(-2.0), np.array(True)),
+            },
+            {"params": jnp.arange(3.0), "step": np.int64(9)},
+        ]
+
+    def test_the_same_leaves_and_the_same_hashes_update_after_update(self) -> None:
+        """Every state twice over (cache cold, then warm): equal paths, bits and hashes."""
+        from jobwarden.hashing import StateHasher, state_hash
+        from jobwarden.sdk.leaves import Flattener
+
+        flatten, hasher = Flattener(), StateHasher()
+        for state in self.states() * 2:
+            expected, found = state_tree.flatten(state), flatten(state)
+            assert [p for p, _ in expected] == [p for p, _ in found]
+            for (_, want), (_, got) in zip(expected, found, strict=True):
+                assert (want.dtype, want.shape, want.tobytes()) == (
+                    got.dtype,
+                    got.shape,
+                    got.tobytes(),
+                )
+            assert state_hash(expected, 11) == hasher(found, 11)
+
+    def test_a_leaf_a_checkpoint_cannot_hold_is_refused_the_same_way(self) -> None:
+        """A string leaf or a complex array: UnsupportedLeaf naming the leaf, cached or not."""
+        import jax.numpy as jnp
+
+        from jobwarden.sdk.leaves import Flattener
+
+        flatten = Flattener()
+        for bad in ("text", jnp.ones(2, jnp.complex64)):
+            state = {"params": jnp.ones(2), "bad": bad}
+            with pytest.raises(state_tree.UnsupportedLeaf) as expected:
+                state_tree.flatten(state)
+            with pytest.raises(state_tree.UnsupportedLeaf) as found:
+                flatten(state)
+            assert str(expected.value) == str(found.value)
+
+
 class TestRun:
     """The run in process: what the loop refuses."""
 

@@ -22,7 +22,7 @@ from jobwarden import testfaults
 from jobwarden.checkpoint.errors import StepOutOfRange
 from jobwarden.checkpoint.format import Manifest, Provenance, leaf_specs
 from jobwarden.errors import PreemptedExit, ResumePolicyError
-from jobwarden.hashing import Leaves, state_hash
+from jobwarden.hashing import Leaves
 from jobwarden.sdk.session import Session, UsageError, same_tree
 from jobwarden.testfaults import Fault
 
@@ -107,7 +107,7 @@ class Run(Session):
                 total,
                 message=f"restored step {step} is outside 0..{total} (the requested steps)",
             )
-        digest, components = state_hash(self._leaves(state), step)
+        digest, components = self._state_hash(self._leaves(state), step)
         self.emit(
             "restored",
             step=step,
@@ -174,7 +174,7 @@ class Run(Session):
         leaves: Leaves | None = None
         if due or step % run.hash_every == 0 or step == run.steps:
             leaves = self._leaves(state)
-            digest, components = state_hash(leaves, step)
+            digest, components = self._state_hash(leaves, step)
             fields = {"state_hash": digest, "components": components}
             self._hashed = (step, digest, components)
         if metrics:
@@ -210,7 +210,7 @@ class Run(Session):
         if self._hashed[0] == step:
             _, digest, components = self._hashed
         else:
-            digest, components = state_hash(self._leaves(self._state), step)
+            digest, components = self._state_hash(self._leaves(self._state), step)
         committed = self._store.committed() if self._store is not None else []
         self.emit(
             "completed",
@@ -231,7 +231,7 @@ class Run(Session):
         if self._hashed[0] == step:  # hashed for the progress event: the same leaves
             _, digest, components = self._hashed
         else:
-            digest, components = state_hash(leaves, step)
+            digest, components = self._state_hash(leaves, step)
         specs = leaf_specs(leaves)
         same_tree(specs, expected)
         manifest = Manifest(

@@ -21,16 +21,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from jobwarden import state as state_tree
 from jobwarden.checkpoint.lock import WriterLock
 from jobwarden.checkpoint.signing import load_key
 from jobwarden.checkpoint.store import CheckpointStore
 from jobwarden.checkpoint.validate import Expected
 from jobwarden.errors import JobwardenError, WorkerInternalError
 from jobwarden.events import human
-from jobwarden.hashing import Leaves, state_hash
+from jobwarden.hashing import Leaves, StateHasher
 from jobwarden.jobfile import FaultSection
 from jobwarden.sdk.faults import FaultPlan
+from jobwarden.sdk.leaves import Flattener
 from jobwarden.sdk.provenance import (
     Identity,
     data_identity,
@@ -115,6 +115,8 @@ class Session:
         self._yielded_at = 0.0
         self._committed = -1
         self._hashed: tuple[int, str, dict[str, str]] = (-1, "", {})
+        self._state_hash = StateHasher()
+        self._flatten: Flattener | None = None
 
     def __enter__(self) -> Self:
         try:
@@ -254,7 +256,9 @@ class Session:
             self._stream.close()
 
     def _leaves(self, state: Any) -> Leaves:
-        leaves = state_tree.flatten(state)
+        if self._flatten is None:
+            self._flatten = Flattener()
+        leaves = self._flatten(state)
         if any(not path for path, _ in leaves):
             raise UsageError(
                 "the state must be a container of named components (a dict, a "
@@ -281,7 +285,7 @@ class Session:
             raise UsageError("run.steps() runs inside the run (`with jw.attach(...) as run:`)")
         warmup = time.perf_counter() - self._mark
         self._state, self._phase = state, Phase.STEPPING
-        digest, components = state_hash(self._leaves(state), self._step)
+        digest, components = self._state_hash(self._leaves(state), self._step)
         self._hashed = (self._step, digest, components)
         self.emit(
             "ready",

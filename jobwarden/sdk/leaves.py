@@ -1,0 +1,66 @@
+"""A state's named host leaves, update after update, with the per-structure work done once.
+
+`jobwarden.state.flatten` names every leaf from its pytree path and checks
+what kind of leaf it is; for a loop that reports the same structure on every
+update, recomputing the paths and asking JAX about each leaf's dtype costs more
+than hashing the bytes.  `Flattener` gives exactly what `jobwarden.state.flatten`
+gives (same paths, same arrays), caching the paths per tree structure (JAX's
+treedef, which fixes every key of the path) and the kind of leaf per dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jobwarden import state as state_tree
+from jobwarden.checkpoint.manifest import SAFETENSORS_DTYPES
+from jobwarden.hashing import Leaves
+
+MAX_CACHED_TREES = 64
+
+
+class Flattener:
+    """`jobwarden.state.flatten`, with paths cached per treedef and leaf kinds per dtype."""
+
+    def __init__(self) -> None:
+        import jax
+
+        self._jax = jax
+        self._paths: dict[Any, list[str]] = {}
+        self._kinds: dict[Any, str] = {}
+
+    def __call__(self, state: Any) -> Leaves:
+        """Named host copies (or views) of every leaf; raises `jobwarden.state.UnsupportedLeaf`."""
+        values, treedef = self._jax.tree_util.tree_flatten(state)
+        paths = self._paths.get(treedef)
+        if paths is None:
+            if len(self._paths) >= MAX_CACHED_TREES:
+                self._paths.clear()
+            paths = self._paths[treedef] = state_tree.leaf_paths(state)
+        return [(path, self._host(path, value)) for path, value in zip(paths, values, strict=True)]
+
+    def _host(self, path: str, leaf: Any) -> np.ndarray:
+        if not isinstance(leaf, self._jax.Array):
+            return state_tree.host_array(path, leaf)
+        kind = self._kinds.get(leaf.dtype)
+        if kind is None:
+            kind = self._kinds[leaf.dtype] = self._kind_of(leaf)
+        if kind == "array":
+            return np.asarray(leaf)
+        if kind == "key":
+            # jax.random.key_data binds a primitive (tens of microseconds eagerly);
+            # its eager implementation returns this attribute, the raw key data.
+            data = getattr(leaf, "_base_array", None)
+            if data is not None:
+                return np.asarray(data)
+        return state_tree.host_array(path, leaf)
+
+    def _kind_of(self, leaf: Any) -> str:
+        """``array`` (saved as is), ``key`` (a typed PRNG key) or ``other`` (the general path)."""
+        if state_tree.is_typed_key(leaf):
+            return "key"
+        if np.dtype(leaf.dtype).name in SAFETENSORS_DTYPES:
+            return "array"
+        return "other"
