@@ -258,29 +258,64 @@ class TestClientsThatNeverRead:
         assert answered > 0
         assert peak - rss < 60 << 20, f"grew by {(peak - rss) >> 20} MB"
 
-    def test_a_connection_past_the_cap_is_told_busy(self, wardend: Daemon) -> None:
-        """With MAX_CLIENTS connections idle, the next one reads one control.busy line."""
+    def test_a_client_past_the_cap_takes_the_slot_of_the_oldest_silent_one(
+        self, wardend: Daemon
+    ) -> None:
+        """MAX_CLIENTS silent connections held: the next client is answered at once, and
+        only the oldest silent one is told control.busy and closed."""
         idle = []
         try:
             for _ in range(MAX_CLIENTS):
                 conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 conn.connect(str(wardend.socket))
                 idle.append(conn)
-            wait_until(
-                lambda: strict(exchange(wardend.socket, request_line("version", {}))),
-                lambda answer: not answer["ok"],
-                timeout=5,
-                what="the daemon at its cap",
-            )
+            began = time.monotonic()
             answer = strict(exchange(wardend.socket, request_line("version", {})))
-            assert answer["error"]["code"] == "control.busy"
-            with pytest.raises(client.DaemonBusy):
-                client.request(wardend.socket, "version", timeout=0.3)
-            # The idle ones are dropped after the control timeout; the retries get through.
-            assert client.request(wardend.socket, "version", timeout=10)["pid"]
+            waited = time.monotonic() - began
+            assert answer["ok"], answer
+            idle[0].settimeout(0.5)
+            evicted = strict(idle[0].recv(65536))
+            assert evicted["error"]["code"] == "control.busy"
+            assert "closed to serve a newer client" in evicted["error"]["message"]
+            assert idle[0].recv(65536) == b""
+            for conn in idle[1:]:
+                conn.setblocking(False)
+                with pytest.raises(BlockingIOError):
+                    conn.recv(65536)
+            assert waited < 0.5
         finally:
             for conn in idle:
                 conn.close()
+
+    def test_status_stays_prompt_while_silent_and_slow_clients_flood_the_cap(
+        self, wardend: Daemon
+    ) -> None:
+        """600 clients that connect and say nothing, or half a line, and stay connected:
+        every status in between answered within 0.3 s, the daemon's descriptors capped."""
+        process = daemon_process(wardend)
+        fds = process.num_fds()
+        flood: list[socket.socket] = []
+        waits: list[float] = []
+        peak = fds
+        try:
+            for index in range(600):
+                conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                conn.connect(str(wardend.socket))
+                if index % 2:  # evicted or told busy at once, it may find the pipe broken
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                        conn.sendall(b'{"v": 1, "id": 1, "cmd": "sta')
+                flood.append(conn)
+                if index % 20 == 19:
+                    began = time.monotonic()
+                    answer = client.request(wardend.socket, "status", timeout=5)
+                    waits.append(time.monotonic() - began)
+                    assert answer["totals"]["jobs"] == JOBS
+                    peak = max(peak, process.num_fds())
+        finally:
+            for conn in flood:
+                conn.close()
+        assert max(waits) < 0.3, f"status waited {max(waits):.3f} s, all: {waits}"
+        assert peak <= fds + MAX_CLIENTS + 4, (fds, peak)
 
     def test_the_listen_backlog_is_large(self, wardend: Daemon) -> None:
         """ss shows the socket listening with BACKLOG, not asyncio's default of 100."""
@@ -367,8 +402,8 @@ class TestStatusRows:
 
     def test_a_row_is_reused_until_its_record_is_saved(self, tmp_path: Path) -> None:
         """Same text while nothing changes but the age; new text after JobTable.save."""
-        from jobwarden.daemon.commands import StatusRows
         from jobwarden.daemon.jobs import JobTable
+        from jobwarden.daemon.status import StatusRows
 
         root = Root(tmp_path / "root")
         root.create()

@@ -2,12 +2,18 @@
 
 Every connection's peer is checked with SO_PEERCRED: root, the daemon's own
 uid, or a member of the configured group; anyone else is refused and the
-refusal logged.  Every connection is bounded: at most `MAX_CLIENTS` at once
-(the next one gets a ``control.busy`` line and is closed), a request line of at
-most `MAX_REQUEST_BYTES` read within the timeout, and each answer taken by the
-client within the same timeout, or the connection is dropped with whatever it
-had buffered.  So a slow, silent or malformed client never blocks the loop or
-other clients, and never holds memory for long.  Handlers are plain functions
+refusal logged, without taking a slot.  Every connection is bounded: at most
+`MAX_CLIENTS` are served at once, a request line of at most
+`MAX_REQUEST_BYTES` is read within the timeout, and each answer must be taken
+by the client within the same timeout, or the connection is dropped with
+whatever it had buffered.  When every slot is taken, a new client takes the
+slot of the connection that has waited longest without sending a complete
+request (a silent connect, a slowloris), or else of the one whose answer has
+waited longest for it to read; that connection gets a ``control.busy`` line
+(when it can still take one) and is closed.  Only when every slot is busy
+answering does the new client get ``control.busy``.  So a slow, silent or
+malformed client never blocks the loop or other clients, never keeps an
+honest client out for long, and never holds memory for long.  Handlers are plain functions
 run on the daemon's loop; any exception in one is an error answer, never a
 silent hang-up.
 """
@@ -15,12 +21,15 @@ silent hang-up.
 from __future__ import annotations
 
 import asyncio
+import enum
 import grp
 import inspect
 import os
 import socket
 import struct
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +50,8 @@ READ_TIMEOUT_S = 5.0
 HANDLER_TIMEOUT_S = 60.0
 MAX_CLIENTS = 64
 """Connections served at once; each may hold a request line and an answer in memory."""
+STUCK_S = 0.5
+"""How long an answer waits for its client before a new client may take the slot."""
 BACKLOG = 1024
 """Connections the kernel queues before the daemon accepts them (asyncio's default is 100)."""
 
@@ -50,6 +61,29 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
     return pid, uid, gid
+
+
+class Phase(enum.Enum):
+    """What a connection in a slot waits for."""
+
+    READING = "a complete request line from the client"
+    ANSWERING = "the daemon's answer"
+    SENDING = "the client to take its answer"
+
+
+@dataclass(eq=False)
+class Slot:
+    """One served connection: what it waits for, and since when (monotonic)."""
+
+    writer: asyncio.StreamWriter
+    task: asyncio.Task[Any] | None
+    phase: Phase = Phase.READING
+    since: float = field(default_factory=time.monotonic)
+    evicted: bool = False
+
+    def wait(self, phase: Phase) -> None:
+        """Enter ``phase`` now."""
+        self.phase, self.since = phase, time.monotonic()
 
 
 class ControlServer:
@@ -69,8 +103,9 @@ class ControlServer:
         self.read_timeout_s = read_timeout_s
         self.server: asyncio.Server | None = None
         self.refused = 0
-        self.clients = 0
+        self.slots: dict[asyncio.StreamWriter, Slot] = {}
         self.busy = 0
+        self.evicted = 0
         self.dropped = 0
 
     def allowed(self, uid: int, gid: int) -> bool:
@@ -114,41 +149,76 @@ class ControlServer:
         self.path.unlink(missing_ok=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.clients >= MAX_CLIENTS:
-            self.busy += 1
-            writer.write(
-                encode_error(
-                    None, "control.busy", f"the daemon serves {MAX_CLIENTS} clients already"
-                )
-            )
-            await self._finish(writer)
-            return
-        self.clients += 1
         try:
-            await self._converse(reader, writer)
+            pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
+            if not self.allowed(uid, gid):
+                self._refuse(writer, pid, uid, gid)
+            elif len(self.slots) < MAX_CLIENTS or self._evict():
+                await self._hold(reader, writer, pid)
+            else:
+                self.busy += 1
+                message = f"the daemon serves {MAX_CLIENTS} clients already"
+                writer.write(encode_error(None, "control.busy", message))
         except (ConnectionError, OSError, TimeoutError):
             pass
         finally:
-            self.clients -= 1
             await self._finish(writer)
 
-    async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
-        if not self.allowed(uid, gid):
-            self.refused += 1
-            log.warning(
-                "control.refused",
-                peer_pid=pid,
-                peer_uid=uid,
-                peer_gid=gid,
-                reason="peer is not root, the daemon's user or the control group",
-            )
-            await self._send(
-                writer,
-                encode_error(None, "control.forbidden", f"uid {uid} may not use this daemon"),
-            )
-            return
+    async def _hold(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int
+    ) -> None:
+        """Serve one connection in a slot until it ends or is evicted."""
+        slot = Slot(writer, asyncio.current_task())
+        self.slots[writer] = slot
+        try:
+            await self._converse(reader, writer, slot, pid)
+        except asyncio.CancelledError:
+            if not slot.evicted:
+                raise
+        finally:
+            self.slots.pop(writer, None)
+
+    def _evict(self) -> bool:
+        """Free a slot for a new client: close the longest-waiting connection that holds no
+        complete request or, failing one, the one whose answer has waited longest (and at
+        least `STUCK_S`) for it to read.  False when there is none."""
+        stuck = time.monotonic() - STUCK_S
+        waiting = [
+            s
+            for s in self.slots.values()
+            if s.phase is Phase.READING or (s.phase is Phase.SENDING and s.since <= stuck)
+        ]
+        if not waiting:
+            return False
+        victim = min(waiting, key=lambda s: (s.phase is Phase.SENDING, s.since))
+        self.evicted += 1
+        victim.evicted = True
+        del self.slots[victim.writer]
+        if victim.phase is Phase.READING:  # its buffer is empty: this line leaves at once
+            waited = time.monotonic() - victim.since
+            message = f"closed to serve a newer client: no complete request in {waited:.3g} s"
+            victim.writer.write(encode_error(None, "control.busy", message))
+        victim.writer.transport.abort()
+        if victim.task is not None:
+            victim.task.cancel()
+        return True
+
+    def _refuse(self, writer: asyncio.StreamWriter, pid: int, uid: int, gid: int) -> None:
+        self.refused += 1
+        log.warning(
+            "control.refused",
+            peer_pid=pid,
+            peer_uid=uid,
+            peer_gid=gid,
+            reason="peer is not root, the daemon's user or the control group",
+        )
+        writer.write(encode_error(None, "control.forbidden", f"uid {uid} may not use this daemon"))
+
+    async def _converse(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: Slot, pid: int
+    ) -> None:
         while True:
+            slot.wait(Phase.READING)
             try:
                 line = await asyncio.wait_for(reader.readline(), self.read_timeout_s)
             except TimeoutError:
@@ -165,7 +235,10 @@ class ControlServer:
                 message = "request line ended without a newline"
                 await self._send(writer, encode_error(None, "control.bad_request", message))
                 return
-            await self._send(writer, await self._dispatch(line), pid)
+            slot.wait(Phase.ANSWERING)
+            answer = await self._dispatch(line)
+            slot.wait(Phase.SENDING)
+            await self._send(writer, answer, pid)
 
     async def _send(
         self, writer: asyncio.StreamWriter, data: bytes, pid: int | None = None
