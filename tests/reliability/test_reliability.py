@@ -74,12 +74,6 @@ def test_a_full_root_and_a_full_checkpoint_directory_recover_once_space_returns(
     held(section)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open defect (issue 14): with 64 connections held by abusive clients, the "
-    "connection cap answers status with control.busy until a slot frees (up to one "
-    "--control-timeout), so status p99 during the attack is ~5 s, not <= 50 ms",
-)
 def test_abusive_clients_leave_status_fast_and_memory_released(
     tmp_path: Path, compile_cache: Path
 ) -> None:
