@@ -13,6 +13,7 @@ unless a host is given.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 from collections.abc import Callable, Coroutine
@@ -22,12 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from jobwarden.daemon import metrics
 from jobwarden.daemon.evidence import describe
 from jobwarden.errors import JobwardenError
-from jobwarden.files import write_text_atomic
+from jobwarden.files import PENDING_SUFFIX, Directory, write_all
 
 if TYPE_CHECKING:
     from jobwarden.daemon.core import Wardend
@@ -87,7 +88,11 @@ class Server(ThreadingHTTPServer):
 
 
 class Handler(BaseHTTPRequestHandler):
-    """GET (or HEAD) ``/metrics``; anything else is 404."""
+    """GET (or HEAD) ``/metrics``; anything else is 404.
+
+    The body is `generate_latest`'s classic text format, so its content type is
+    ``version=0.0.4`` (what prometheus_client's own server answers by default).
+    """
 
     server: Server
     protocol_version = "HTTP/1.1"
@@ -105,7 +110,7 @@ class Handler(BaseHTTPRequestHandler):
     def _answer(self, body: bool) -> None:
         path = self.path.split("?", 1)[0]
         if path in ("/metrics", "/metrics/"):
-            status, kind, data = 200, CONTENT_TYPE_LATEST, self.server.exposition
+            status, kind, data = 200, CONTENT_TYPE_PLAIN_0_0_4, self.server.exposition
         else:
             status, kind, data = 404, "text/plain; charset=utf-8", b"not found; try /metrics\n"
         self.send_response(status)
@@ -117,6 +122,28 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes are not logged: one every few seconds would drown the daemon's log."""
+
+
+def write_textfile(path: Path, text: str) -> None:
+    """Durably replace ``path`` with ``text``, mode 0644 whatever the umask.
+
+    ``<name>.pending`` is written, fsynced and renamed over ``path`` in the
+    same folder (opened without following a link), then the folder is fsynced.
+    """
+    with Directory.open(path.parent) as folder:
+        pending = path.name + PENDING_SUFFIX
+        fd = folder.create_exclusive(pending, TEXTFILE_MODE)
+        try:
+            os.fchmod(fd, TEXTFILE_MODE)
+            write_all(fd, [memoryview(text.encode())])
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            folder.unlink(pending, missing_ok=True)
+            raise
+        os.close(fd)
+        os.replace(pending, path.name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
+        folder.fsync()
 
 
 class Exporter:
@@ -170,7 +197,7 @@ class Exporter:
         """Replace the textfile atomically; a failure is logged once, and retried next turn."""
         assert self.textfile is not None
         try:
-            write_text_atomic(self.textfile, text, mode=TEXTFILE_MODE)
+            write_textfile(self.textfile, text)
         except (OSError, JobwardenError) as error:
             problem = error.message if isinstance(error, JobwardenError) else describe(error)
             if problem != self.textfile_error:
