@@ -28,7 +28,7 @@ from jobwarden.program import (
     workdir_problem,
     workdir_problems,
 )
-from jobwarden.tasks import Task, TrainFields, known_tasks
+from jobwarden.tasks import Task, TrainFields, broken_tasks, known_tasks
 
 MAX_JOB_FILE_BYTES = 256 * 1024
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -249,7 +249,10 @@ def job_from_mapping(
     task_name = document.get("task")
     tasks = known_tasks()
     task_cls = tasks.get(task_name) if isinstance(task_name, str) else None
-    if isinstance(task_name, str) and task_cls is None:
+    broken = broken_tasks() if isinstance(task_name, str) and task_cls is None else {}
+    if isinstance(task_name, str) and task_name in broken:
+        problems.append(f"task: the plugin task {task_name!r} cannot be used: {broken[task_name]}")
+    elif isinstance(task_name, str) and task_cls is None:
         problems.append(f"task: unknown task {task_name!r} (known: {', '.join(sorted(tasks))})")
     train: TrainFields | None = None
     raw_train = document.get("train", {})

@@ -10,6 +10,8 @@ import pytest
 
 from jobwarden.checkpoint import format
 from jobwarden.control import verify
+from jobwarden.errors import JobFileError
+from jobwarden.jobfile import load_job
 from tests.helpers import job, kinds, run_worker
 
 TASK = '''
@@ -111,3 +113,32 @@ def test_a_registered_task_is_supervised_and_resumed_exactly(
     candidate = verify.Run("resumed", [list(failed.events()), list(resumed.events())], 0)
     report = verify.verify(verify.load_run(ref.folder), candidate)
     assert report.proven, verify.render(report)
+
+
+def test_one_broken_plugin_does_not_break_the_others(
+    plugin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plugin whose import fails, or that is not a Task, is named when used; every other
+    task, built-in or plugin, still validates."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "bad_task.py").write_text("import not_installed_anywhere\n")
+    (broken / "odd_task.py").write_text("Odd = 3\n")
+    info = broken / "bad_task-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: bad-task\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[jobwarden.tasks]\nbad = bad_task:Bad\nodd = odd_task:Odd\n"
+    )
+    monkeypatch.syspath_prepend(str(plugin))
+    monkeypatch.syspath_prepend(str(broken))
+    assert load_job(job(tmp_path / "l.toml", "l", "linreg")).task == "linreg"
+    assert load_job(job(tmp_path / "s.toml", "s", "sweep")).task == "sweep"
+    with pytest.raises(JobFileError) as caught:
+        load_job(job(tmp_path / "b.toml", "b", "bad"))
+    (problem,) = caught.value.problems
+    assert problem.startswith("task: the plugin task 'bad' cannot be used: bad_task:Bad failed")
+    assert "ModuleNotFoundError" in problem
+    with pytest.raises(JobFileError) as caught:
+        load_job(job(tmp_path / "o.toml", "o", "odd"))
+    assert "odd_task:Odd is not a subclass of jobwarden.tasks.Task" in caught.value.problems[0]

@@ -10,18 +10,34 @@ from jobwarden.tasks.mlp import MLP
 
 BUILTIN: dict[str, type[Task]] = {LinReg.name: LinReg, MLP.name: MLP}
 
-__all__ = ["BUILTIN", "Task", "TrainFields", "known_tasks", "task_class"]
+__all__ = ["BUILTIN", "Task", "TrainFields", "broken_tasks", "known_tasks", "task_class"]
 
 
 def known_tasks() -> dict[str, type[Task]]:
-    """Every task by name: built-ins, then entry points that do not shadow them."""
-    tasks = dict(BUILTIN)
+    """Every task by name: built-ins, then entry points that do not shadow them and load."""
+    return _scan()[0]
+
+
+def broken_tasks() -> dict[str, str]:
+    """Entry points that failed to load or are not a `Task`, each with why."""
+    return _scan()[1]
+
+
+def _scan() -> tuple[dict[str, type[Task]], dict[str, str]]:
+    tasks, broken = dict(BUILTIN), {}
     for entry in entry_points(group="jobwarden.tasks"):
-        if entry.name not in tasks:
+        if entry.name in tasks:
+            continue
+        try:
             loaded = entry.load()
-            if isinstance(loaded, type) and issubclass(loaded, Task):
-                tasks[entry.name] = loaded
-    return tasks
+        except Exception as error:  # noqa: BLE001 - one broken plugin must not break the rest
+            broken[entry.name] = f"{entry.value} failed to import: {type(error).__name__}: {error}"
+            continue
+        if isinstance(loaded, type) and issubclass(loaded, Task):
+            tasks[entry.name] = loaded
+        else:
+            broken[entry.name] = f"{entry.value} is not a subclass of jobwarden.tasks.Task"
+    return tasks, broken
 
 
 def task_class(name: str) -> type[Task] | None:
