@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 
 from jobwarden import __version__
+from jobwarden.daemon.evidence import describe
 from jobwarden.daemon.notify import child_environment
 from jobwarden.errors import JobwardenError
 
@@ -208,7 +209,9 @@ class Webhook:
         except urllib.error.HTTPError as error:
             raise DeliveryError(f"HTTP {error.code} {error.reason}") from error
         except (OSError, ValueError) as error:  # URLError, timeouts, resets, a bad reply
-            raise DeliveryError(repr(getattr(error, "reason", error))) from error
+            reason = getattr(error, "reason", error)
+            text = describe(reason) if isinstance(reason, OSError) else str(reason)
+            raise DeliveryError(text) from error
 
 
 def check_webhook(url: str) -> str:
