@@ -1,7 +1,10 @@
 """Prometheus text exposition of the daemon's state, through prometheus_client.
 
-Values are read from the daemon at scrape time by a custom collector, so
-nothing is counted twice and nothing is kept in a second place.  Totals that
+Values are read from the daemon by a custom collector each time `render` runs,
+always on the loop (the table is the loop's alone): for ``wardenctl metrics``,
+and each sampling turn for ``--metrics-listen`` and ``--metrics-textfile``
+(`jobwarden.daemon.exporter`).  Nothing is counted twice and nothing is kept
+in a second place.  Totals that
 live in job records (restarts, replayed updates, time lost) survive daemon
 restarts; the rest count from the daemon's start.
 """
