@@ -2,13 +2,15 @@
 
 Commands that ask the daemon go over its control socket (``--root`` or
 ``$JOBWARDEN_ROOT`` selects it, ``--socket`` names it).  ``verify`` and
-``inspect`` work on files and need no daemon.  This module holds the argument parser and
-the dispatch; the commands are in ``jobwarden.control.commands``.
+``inspect`` ask the daemon about jobs, or read files given as paths (no daemon
+needed).  This module holds the argument parser and the dispatch; the commands
+are in ``jobwarden.control.commands``.
 
 Exit statuses follow supervisorctl's LSB convention where one applies:
 0 ok, 1 the daemon is not reachable or refused the request, 2 usage error,
 3 ``status``: some job needs attention (failed or escalated), 4 no such job,
-5 the daemon is busy (it did not take or answer the request in time).
+5 the daemon is busy (it did not take or answer the request in time),
+130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from jobwarden.control.commands import lifecycle, tailing
 from jobwarden.control.commands.daemon import (
     cmd_checkpoints,
     cmd_incidents,
@@ -25,18 +28,15 @@ from jobwarden.control.commands.daemon import (
     cmd_resume,
     cmd_runbook,
     cmd_shutdown,
-    cmd_status,
-    cmd_stop,
-    cmd_submit,
-    cmd_tail,
     cmd_version,
 )
 from jobwarden.control.commands.drills import cmd_drill
-from jobwarden.control.commands.files import cmd_inspect, cmd_verify
+from jobwarden.control.commands.evidence import cmd_inspect, cmd_verify
 from jobwarden.control.commands.output import EXIT_BUSY, EXIT_NO_SUCH, EXIT_REFUSED
 from jobwarden.control.protocol import ControlError
 
 DEFAULT_TIMEOUT_S = 10.0
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,7 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     status = command("status", help="jobs and their state")
     status.add_argument("job", nargs="?")
     status.add_argument("--json", action="store_true")
-    status.set_defaults(func=cmd_status)
+    status.add_argument(
+        "--all", action="store_true", help="the archived jobs too, after the table (marked)"
+    )
+    status.set_defaults(func=lifecycle.cmd_status)
 
     incidents = command("incidents", help="incident records")
     incidents.add_argument("job", nargs="?")
@@ -112,10 +115,38 @@ def build_parser() -> argparse.ArgumentParser:
     submit = command("submit", help="hand a job file to the daemon's spool")
     submit.add_argument("file")
     submit.add_argument("--json", action="store_true")
-    submit.set_defaults(func=cmd_submit)
+    submit.add_argument(
+        "--replace",
+        action="store_true",
+        help="archive a settled (completed, cancelled, failed or escalated) job of the same id "
+        "first, then submit",
+    )
+    submit.set_defaults(func=lifecycle.cmd_submit)
 
     for name, func, text in (
-        ("stop", cmd_stop, "preempt a job (it checkpoints first)"),
+        ("stop", lifecycle.cmd_stop, "preempt jobs (each checkpoints first)"),
+        ("cancel", lifecycle.cmd_cancel, "cancel jobs: queued at once, running after a commit"),
+        ("restart", lifecycle.cmd_restart, "stop jobs (they checkpoint), then resume them"),
+        ("remove", lifecycle.cmd_remove, "move settled jobs whole to ROOT/archive/"),
+        ("archive", lifecycle.cmd_remove, "the same as remove"),
+    ):
+        sub = command(name, help=text)
+        sub.add_argument("jobs", nargs="+", metavar="JOB", help="job ids, or all")
+        sub.add_argument("--json", action="store_true")
+        sub.set_defaults(func=func)
+
+    signal = command("signal", help="send a signal to a job's worker (USR1: stack dump)")
+    signal.add_argument("job")
+    signal.add_argument("signal", help="HUP, INT, QUIT, USR1, USR2, TERM, CONT, STOP or WINCH")
+    signal.add_argument("--json", action="store_true")
+    signal.set_defaults(func=lifecycle.cmd_signal)
+
+    rejected = command("rejected", help="rejected requests and their problems, newest last")
+    rejected.add_argument("-n", "--lines", type=int, default=100, help="how many (default 100)")
+    rejected.add_argument("--json", action="store_true")
+    rejected.set_defaults(func=lifecycle.cmd_rejected)
+
+    for name, func, text in (
         ("resume", cmd_resume, "queue a stopped or escalated job again"),
         ("checkpoints", cmd_checkpoints, "checkpoints and their verdicts"),
     ):
@@ -124,11 +155,23 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--json", action="store_true")
         sub.set_defaults(func=func)
 
-    tail = command("tail", help="a job's events")
+    tail = command("tail", help="the end of a job's events and the daemon's actions for it")
     tail.add_argument("job")
-    tail.add_argument("-f", "--follow", action="store_true")
+    tail.add_argument("-n", "--lines", type=int, default=20, help="how many lines (default 20)")
+    tail.add_argument("-f", "--follow", action="store_true", help="follow until the job rests")
+    tail.add_argument("--attempt", type=int, help="one attempt only (default: every attempt)")
+    tail.add_argument("--stderr", action="store_true", help="the attempt's stderr instead")
+    tail.add_argument(
+        "--no-daemon", action="store_true", help="the worker's lines only, not the daemon's"
+    )
     tail.add_argument("--json", action="store_true")
-    tail.set_defaults(func=cmd_tail)
+    tail.set_defaults(func=tailing.cmd_tail)
+
+    maintail = command("maintail", help="the end of the daemon's own log, readable")
+    maintail.add_argument("-n", "--lines", type=int, default=20, help="how many (default 20)")
+    maintail.add_argument("-f", "--follow", action="store_true")
+    maintail.add_argument("--json", action="store_true")
+    maintail.set_defaults(func=tailing.cmd_maintail)
 
     metrics = command("metrics", help="Prometheus text exposition")
     metrics.add_argument("--json", action="store_true")
@@ -138,14 +181,23 @@ def build_parser() -> argparse.ArgumentParser:
     shutdown.add_argument("--json", action="store_true")
     shutdown.set_defaults(func=cmd_shutdown)
 
-    verify = command("verify", help="prove a resumed run continued the reference")
-    verify.add_argument("reference", type=Path, help="events file or run folder of the reference")
-    verify.add_argument("candidate", type=Path, help="events file or run folder of the resumed run")
+    verify = command(
+        "verify",
+        help="prove a resumed run continued the reference: JOB REFERENCE_JOB through the "
+        "daemon, or REFERENCE CANDIDATE paths (events files or run folders)",
+    )
+    verify.add_argument("first", metavar="JOB|REFERENCE")
+    verify.add_argument("second", metavar="REFERENCE_JOB|CANDIDATE")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     verify.set_defaults(func=cmd_verify)
 
-    inspect = command("inspect", help="show a checkpoint's identity and verdict")
-    inspect.add_argument("file", type=Path)
+    inspect = command(
+        "inspect",
+        help="a checkpoint's identity and verdict: JOB [STEP] through the daemon (newest "
+        "committed unless STEP), or a FILE",
+    )
+    inspect.add_argument("target", metavar="JOB|FILE")
+    inspect.add_argument("step", nargs="?", type=int, help="the checkpoint's step (with JOB)")
     inspect.add_argument("--json", action="store_true", help="print as JSON")
     inspect.add_argument("--values", action="store_true", help="include the arrays of small states")
     inspect.set_defaults(func=cmd_inspect)
@@ -163,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         status: int = args.func(args)
+    except KeyboardInterrupt:
+        sys.stderr.write("\n")
+        return EXIT_INTERRUPTED
     except DaemonBusy as error:
         sys.stderr.write(f"wardenctl: daemon busy: {error.message}\n")
         return EXIT_BUSY

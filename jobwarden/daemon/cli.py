@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from jobwarden.checkpoint.signing import load_key
-from jobwarden.daemon import exporter, hooks, launcher, logs
+from jobwarden.daemon import exporter, hooks, launcher, lifecycle, logs
 from jobwarden.daemon.core import Options, Wardend
 from jobwarden.daemon.layout import Root
 from jobwarden.errors import JobwardenError
@@ -107,6 +107,14 @@ def parser() -> argparse.ArgumentParser:
         help="rewrite this file atomically with the metrics every sampling turn "
         "(for node_exporter's textfile collector: name it *.prom)",
     )
+    ap.add_argument(
+        "--keep-finished",
+        type=int,
+        metavar="N",
+        help="keep the N most recently settled completed or cancelled jobs in the table and "
+        "move older ones whole to ROOT/archive/ (never deleted; failed and escalated jobs "
+        "wait for a person); default: keep every job",
+    )
     return ap
 
 
@@ -127,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     except JobwardenError as error:
         sys.stderr.write(f"wardend: {error.message}\n")
         return error.exit_status
+    if args.keep_finished is not None and args.keep_finished < 0:
+        sys.stderr.write("wardend: --keep-finished must be 0 or more\n")
+        return 2
     # Whatever the root's mode, everything the daemon creates is private to its user.
     os.umask(0o077)
     root = Root(args.root.absolute())
@@ -154,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     try:
-        return asyncio.run(Wardend(root, options, chosen).run())
+        daemon = Wardend(root, options, chosen)
+        return asyncio.run(lifecycle.serve(daemon, args.keep_finished))
     except exporter.MetricsListenError as error:
         sys.stderr.write(f"wardend: {error.message}\n")
         return error.exit_status

@@ -39,6 +39,9 @@ INCIDENT_PATTERN = re.compile(rf"({NAME_PATTERN.pattern})-([0-9]{{1,9}})")
 
 def handlers(daemon: Wardend) -> dict[str, Handler]:
     """Every command, bound to ``daemon``."""
+    # Imported here: they use this module's argument helpers.
+    from jobwarden.daemon import examine, lifecycle, tailing
+
     rows = status.StatusRows()
     return {
         "status": lambda args: status.status(daemon, args, rows),
@@ -47,11 +50,13 @@ def handlers(daemon: Wardend) -> dict[str, Handler]:
         "events": lambda args: events(daemon, args),
         "checkpoints": lambda args: checkpoints(daemon, args),
         "submit": lambda args: submit(daemon, args),
-        "stop": lambda args: stop(daemon, args),
         "resume": lambda args: resume(daemon, args),
         "metrics": lambda args: {"text": metrics.render(daemon)},
         "version": lambda args: version(daemon),
         "shutdown": lambda args: shutdown(daemon),
+        **lifecycle.of(daemon).handlers(),  # stop (one job, several, or all), cancel, remove...
+        **tailing.handlers(daemon),
+        **examine.handlers(daemon),
     }
 
 

@@ -59,15 +59,26 @@ MISMATCH_OUTCOME = (
     "Escalated: the attempt was stopped at once (SIGKILL, so it commits nothing more), "
     "every file is kept, and no restart follows. A person must compare the saved state's "
     "components (the one the verification names first), its step and the data, config "
-    "and source hashes (wardenctl inspect) before deciding."
+    "and source hashes (wardenctl inspect) before deciding. To start fresh: "
+    "`wardenctl remove JOB`, then submit; or `wardenctl submit --replace FILE`."
 )
+
+
+def start_fresh(job_id: str) -> str:
+    """How a person starts a job again from a changed job file, once they have decided."""
+    return (
+        f"To start fresh instead (a changed job file, a new checkpoint name): "
+        f"`wardenctl remove {job_id}` (the job folder is archived whole), then "
+        f"`wardenctl submit FILE`; or `wardenctl submit --replace FILE` in one step."
+    )
 
 
 def escalated_text(attempt: Attempt, kind: IncidentKind) -> str:
     """The outcome of an escalated failure."""
     return (
         f"Escalated: {escalation_reason(attempt, kind)} No fallback, no relaxed checks, "
-        "no restart; a person decides, then `wardenctl resume`."
+        "no restart; a person decides, then `wardenctl resume` to retry as it is. "
+        + start_fresh(attempt.record.id)
     )
 
 
@@ -348,7 +359,8 @@ def duplicate_writer_incident(
         outcome=(
             "Duplicate writer prevented: no worker was started for this job, so the "
             f"checkpoints of {owner.id} are untouched. Escalated for a person to decide "
-            "(rename the checkpoint, or resume once the owner has finished)."
+            "(rename the checkpoint, or resume once the owner has finished). "
+            + start_fresh(record.id)
         ),
         prevention=[
             "Give every concurrent job its own checkpoint name; two jobs share a "

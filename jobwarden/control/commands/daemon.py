@@ -9,7 +9,6 @@ import argparse
 import json
 import re
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,6 @@ from jobwarden.control.commands.output import (
 from jobwarden.control.protocol import ControlError
 from jobwarden.control.tables import (
     render_checkpoints,
-    render_event,
     render_incidents,
     render_job,
     render_status,
@@ -116,39 +114,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return EXIT_REFUSED
 
 
-def cmd_stop(args: argparse.Namespace) -> int:
-    """Preempt a job: its worker commits its current step and exits."""
-    emit(
-        ask(args, "stop", job=args.job),
-        args.json,
-        lambda d: (
-            f"{d['job']}: stopping (pid {d['pid']})"
-            if d["stopping"]
-            else f"{d['job']}: {d['state']}"
-        ),
-    )
-    return EXIT_OK
-
-
 def cmd_resume(args: argparse.Namespace) -> int:
     """Queue a preempted, failed or escalated job again."""
     emit(ask(args, "resume", job=args.job), args.json, lambda d: f"{d['job']}: {d['state']}")
     return EXIT_OK
-
-
-def cmd_tail(args: argparse.Namespace) -> int:
-    """Print a job's events; -f follows them until the job ends."""
-    cursor: dict[str, Any] = {"attempt": 1, "offset": 0}
-    while True:
-        data = ask(args, "events", job=args.job, **cursor)
-        for event in data["events"]:
-            sys.stdout.write((json.dumps(event) if args.json else render_event(event)) + "\n")
-        sys.stdout.flush()
-        cursor = data["cursor"]
-        if not args.follow or (not data["events"] and data["state"] in RESTING_STATES):
-            return EXIT_OK
-        if not data["events"]:
-            time.sleep(0.2)
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:

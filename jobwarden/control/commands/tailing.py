@@ -1,0 +1,118 @@
+"""``wardenctl tail`` and ``maintail``: the end of a job's lines, or of the daemon's log.
+
+``tail JOB`` prints the job's last lines (``-n``, default 20): its worker's
+events and, interleaved in time, the daemon's own actions for it (lines
+marked ``wardend``: transitions, stalls, exits and their signal, incidents).
+``-f`` starts from the end and follows until the job rests; ``--stderr``
+shows an attempt's stderr instead.  ``maintail`` shows the daemon's own
+log, one readable line per record.  Ctrl-C ends either with status 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from typing import Any
+
+from jobwarden.control.commands.daemon import RESTING_STATES, ask
+from jobwarden.control.commands.output import EXIT_OK
+from jobwarden.control.tables import render_event
+
+FOLLOW_PAUSE_S = 0.25
+HIDDEN = frozenset({"timestamp", "time", "level", "event", "source", "attempt", "logger"})
+
+
+def _value(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, list | dict) else str(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def render_action(record: dict[str, Any]) -> str:
+    """One of the daemon's actions for a job, as a tail line."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(record.get("time") or 0))
+    attempt = record.get("attempt")
+    head = f"#{attempt if attempt else '-'} {stamp} wardend {record.get('event', '?')}"
+    if record.get("event") == "job.transition":
+        text = f"{record.get('source')} -> {record.get('target')}: {record.get('reason')}"
+        return f"{head} {text}"
+    if "incident" in record and "text" in record:
+        return f"{head} {record['incident']} {record.get('kind')} {record.get('status')}: " + (
+            _value(record["text"] or "-")
+        )
+    fields = " ".join(f"{k}={_value(v)}" for k, v in record.items() if k not in HIDDEN)
+    return f"{head} {fields}".rstrip()
+
+
+def render_line(item: dict[str, Any]) -> str:
+    """One tail line: a worker event, a plain program's output, or a daemon action."""
+    if item.get("source") == "wardend":
+        return render_action(item)
+    if item.get("event") == "output" and "time" not in item:
+        return f"#{item.get('attempt')} {item.get('line', '')}"
+    return render_event(item)
+
+
+def render_record(record: dict[str, Any]) -> str:
+    """One record of the daemon's log: time, level, event, key=value."""
+    if record.get("event") == "malformed":
+        return f"? {record.get('line', '')}"
+    stamp = record.get("timestamp")
+    if isinstance(record.get("time"), int | float):
+        moment = datetime.datetime.fromtimestamp(record["time"]).astimezone()
+        stamp = moment.isoformat(timespec="milliseconds")
+    level = str(record.get("level", "-")).upper()
+    fields = " ".join(f"{k}={_value(v)}" for k, v in record.items() if k not in HIDDEN)
+    return f"{stamp} {level:<7} {record.get('event', '?')} {fields}".rstrip()
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    """Print the end of a job's lines; -f follows them until the job rests."""
+    request: dict[str, Any] = {
+        "job": args.job,
+        "lines": args.lines,
+        "stream": "stderr" if args.stderr else "events",
+        "daemon": not args.no_daemon,
+    }
+    if args.attempt is not None:
+        request["attempt"] = args.attempt
+    data = ask(args, "tail", **request)
+    shown = [None]  # the attempt whose stderr lines are being printed
+    while True:
+        for item in data["lines"]:
+            sys.stdout.write(_format(item, args, shown) + "\n")
+        sys.stdout.flush()
+        if not args.follow:
+            return EXIT_OK
+        if not data["lines"]:
+            if data["state"] in RESTING_STATES:
+                return EXIT_OK
+            time.sleep(FOLLOW_PAUSE_S)
+        data = ask(args, "tail", cursor=data["cursor"], **request)
+
+
+def _format(item: dict[str, Any], args: argparse.Namespace, shown: list[Any]) -> str:
+    if args.json:
+        return json.dumps(item)
+    if not args.stderr:
+        return render_line(item)
+    if shown[0] != item["attempt"]:
+        shown[0] = item["attempt"]
+        return f"==> attempt {item['attempt']} stderr <==\n{item['line']}"
+    return str(item["line"])
+
+
+def cmd_maintail(args: argparse.Namespace) -> int:
+    """Print the end of the daemon's own log; -f follows it."""
+    data = ask(args, "maintail", lines=args.lines)
+    while True:
+        for record in data["records"]:
+            sys.stdout.write((json.dumps(record) if args.json else render_record(record)) + "\n")
+        sys.stdout.flush()
+        if not args.follow:
+            return EXIT_OK
+        if not data["records"]:
+            time.sleep(FOLLOW_PAUSE_S)
+        data = ask(args, "maintail", cursor=data["cursor"])
