@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -331,3 +332,85 @@ def test_no_daemon_names_the_socket_tried(tmp_path: Path) -> None:
         [*WARDENCTL, "status"], capture_output=True, text=True, timeout=30, check=False, env=env
     )
     assert str(tmp_path / "elsewhere" / "control.sock") in via_env.stderr
+
+
+class TestStatusTable:
+    """The status table as wardenctl prints it, from the columns the daemon sends."""
+
+    def answer(self, **totals: Any) -> dict[str, Any]:
+        """Two jobs, one running for two days, with the totals given."""
+        return {
+            "columns": {
+                "id": ["a-long-job-name", "b"],
+                "state": ["running", "queued"],
+                "attempt": [3, 0],
+                "step": [120, 0],
+                "steps": [3000, 8],
+                "last_progress_age_s": [83.4, None],
+                "newest_checkpoint_step": [100, None],
+                "pid": [4242, None],
+                "rss_mb": [1229.0, None],
+                "uptime_s": [2 * 86400 + 3 * 3600 + 4 * 60 + 5, None],
+            },
+            "totals": {"jobs": 2, "states": {"queued": 1, "running": 1}, **totals},
+        }
+
+    def test_columns_are_padded_absent_values_are_dashes_and_durations_read_as_clocks(
+        self,
+    ) -> None:
+        """Header, padded columns, '-' never None, 0:01:23 and '2 days, 3:04:05'."""
+        from jobwarden.control.tables import render_status
+
+        lines = render_status(self.answer(rejected=0)).splitlines()
+        assert lines == [
+            "JOB              STATE    ATTEMPT  STEP      LAST     CKPT  PID   RSS     UPTIME",
+            "a-long-job-name  running  3        120/3000  0:01:23  100   4242  1.2 GB  "
+            "2 days, 3:04:05",
+            "b                queued   0        0/8       -        -     -     -       -",
+            "2 jobs: 1 queued, 1 running",
+        ]
+
+    def test_rejected_requests_are_counted_under_the_table(self) -> None:
+        """A non-zero rejected count is one line naming the command that lists them."""
+        from jobwarden.control.tables import render_status
+
+        assert render_status(self.answer(rejected=3)).splitlines()[-1] == (
+            "3 rejected requests: wardenctl rejected"
+        )
+        assert render_status(self.answer(rejected=1)).splitlines()[-1] == (
+            "1 rejected request: wardenctl rejected"
+        )
+
+    def test_the_rows_a_client_reads_are_built_from_the_columns(self) -> None:
+        """answer["jobs"] gives one dict per job, with the columns' values."""
+        answer = client.StatusAnswer(self.answer())
+        assert [(r["id"], r["state"], r["pid"]) for r in answer["jobs"]] == [
+            ("a-long-job-name", "running", 4242),
+            ("b", "queued", None),
+        ]
+
+
+def test_status_counts_rejected_requests_kept_before_and_since_the_start(tmp_path: Path) -> None:
+    """Two error files already in spool/rejected, one more request rejected: 3 counted."""
+    root = tmp_path / "root"
+    (root / "spool" / "rejected").mkdir(parents=True, mode=0o700)
+    root.chmod(0o700)
+    for name in ("old-1.toml", "old-2.toml"):
+        (root / "spool" / "rejected" / name).write_text("x")
+        (root / "spool" / "rejected" / f"{name}.error.json").write_text("{}")
+    with Daemon(root, None) as daemon:
+        assert daemon.ask("status")["totals"]["rejected"] == 2
+        daemon.drop("bad.toml", 'id = "bad"\ntask = "no-such-task"\n')
+        wait_until(
+            lambda: daemon.ask("status")["totals"],
+            lambda totals: totals["rejected"] == 3,
+            timeout=30,
+            what="the rejection counted",
+        )
+        shown = ctl(daemon, "status")
+        listed = json.loads(ctl(daemon, "status", "--json").stdout)
+    assert (shown.returncode, shown.stdout) == (
+        0,
+        "no jobs\n3 rejected requests: wardenctl rejected\n",
+    )
+    assert (listed["jobs"], listed["totals"]["rejected"]) == ([], 3)

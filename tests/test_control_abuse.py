@@ -30,6 +30,7 @@ from jobwarden.control.protocol import ControlError, Encoded, encode_ok, parse_r
 from jobwarden.daemon.jobs import new_record, state_text
 from jobwarden.daemon.layout import Root
 from jobwarden.daemon.server import BACKLOG, MAX_CLIENTS
+from jobwarden.daemon.status import TABLE_FIELDS
 from jobwarden.jobfile import job_from_mapping
 from jobwarden.states import JobState
 from tests.daemon import Daemon
@@ -423,3 +424,31 @@ class TestStatusRows:
         assert json.loads(rows.row(daemon, record, 1012.5))["last_progress_age_s"] == 12.5
         table.transition(record, JobState.STARTING, "test")
         assert json.loads(rows.row(daemon, record, 1013.0))["state"] == "starting"
+
+
+class TestStatusAnswer:
+    """status sends its table column by column; rows=true sends the full rows."""
+
+    def test_the_table_comes_as_columns_with_totals(self, wardend: Daemon) -> None:
+        """300 jobs: one list per table field, totals per state, and a third of the bytes."""
+        columns = strict(exchange(wardend.socket, request_line("status", {})))["result"]
+        full = strict(exchange(wardend.socket, request_line("status", {"rows": True})))["result"]
+        assert sorted(columns["columns"]) == sorted(TABLE_FIELDS)
+        assert {len(values) for values in columns["columns"].values()} == {JOBS}
+        assert columns["totals"] == full["totals"]
+        assert columns["totals"] == {
+            "jobs": JOBS,
+            "states": {"completed": JOBS},
+            "needs_attention": 0,
+            "rejected": columns["totals"]["rejected"],
+        }
+        assert [row["id"] for row in full["jobs"]] == columns["columns"]["id"]
+        assert {"reason", "task", "incidents"} <= set(full["jobs"][0])
+        small = len(json.dumps(columns))
+        assert small * 3 < len(json.dumps(full)), small
+
+    def test_rows_must_be_a_boolean(self, wardend: Daemon) -> None:
+        """rows: 1 is a bad request naming the argument."""
+        answer = strict(exchange(wardend.socket, request_line("status", {"rows": 1})))
+        assert answer["error"]["code"] == "control.bad_request"
+        assert "rows must be a boolean" in answer["error"]["message"]
