@@ -134,7 +134,27 @@ def read_events(path: Path) -> list[Event | Malformed]:
 def _finite(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
+    if isinstance(value, dict):  # metrics: a NaN accuracy is reported, not a broken stream
+        return {k: _finite(v) for k, v in value.items()}
     return value
+
+
+ENCODER = json.JSONEncoder(allow_nan=False)
+"""`json.dumps(..., allow_nan=False)` without building an encoder for every line."""
+
+
+def encode(kind: str, fields: Mapping[str, Any], at: float | None = None) -> str:
+    """One event as its JSON line, newline included; a non-finite float becomes its repr.
+
+    ``at``: the wall-clock time the event happened (default: now).
+    """
+    record = {
+        "v": SCHEMA_VERSION,
+        "event": kind,
+        "time": time.time() if at is None else at,
+        **{k: _finite(v) for k, v in fields.items()},
+    }
+    return ENCODER.encode(record) + "\n"
 
 
 class Emitter:
@@ -146,16 +166,14 @@ class Emitter:
 
     def emit(self, kind: str, **fields: Any) -> None:
         """Write one event; raises `SupervisorGone` once the stream is broken."""
+        self.write(kind, encode(kind, fields))
+
+    def write(self, kind: str, lines: str) -> None:
+        """Write and flush encoded event ``lines``; raises `SupervisorGone` (naming ``kind``)."""
         if self.broken:
             raise SupervisorGone(kind)
-        record = {
-            "v": SCHEMA_VERSION,
-            "event": kind,
-            "time": time.time(),
-            **{k: _finite(v) for k, v in fields.items()},
-        }
         try:
-            self.stream.write(json.dumps(record, allow_nan=False) + "\n")
+            self.stream.write(lines)
             self.stream.flush()
         except (BrokenPipeError, ValueError, OSError) as error:
             self.broken = True

@@ -382,6 +382,79 @@ class TestCachedHashing:
             assert str(expected.value) == str(found.value)
 
 
+class TestHeldEvents:
+    """Unhashed progress events share later writes; what proves something is written at once."""
+
+    @staticmethod
+    def lines(stream: io.StringIO) -> list[tuple[str, int | None]]:
+        """The (kind, step) of every event written so far."""
+        parsed = parse_lines(stream.getvalue().splitlines())
+        return [
+            (e.kind, e.get("step")) if isinstance(e, Event) else ("malformed", None) for e in parsed
+        ]
+
+    def test_held_events_go_out_in_order_before_the_next_written_one(self) -> None:
+        """Three held progress events, then a checkpoint: nothing before it, all four with it."""
+        from jobwarden.sdk.stream import RunEmitter
+
+        stream, now = io.StringIO(), [0.0]
+        emitter = RunEmitter(stream, clock=lambda: now[0])
+        for step in (1, 2, 3):
+            emitter.emit_held(
+                "progress", step=step, loss=0.5, examples=0, update_s=0.001, **NO_HASH
+            )
+        assert self.lines(stream) == []
+        emitter.emit("checkpoint", step=3, file="f", bytes=1, seconds=0.0, state_hash="h")
+        expected = [("progress", 1), ("progress", 2), ("progress", 3), ("checkpoint", 3)]
+        assert expected == self.lines(stream)
+
+    def test_an_event_after_a_quiet_spell_or_a_full_hold_is_written_at_once(self) -> None:
+        """HOLD_S after the last write, or HOLD_EVENTS held, the held events are written."""
+        from jobwarden.sdk.stream import HOLD_EVENTS, HOLD_S, RunEmitter
+
+        stream, now = io.StringIO(), [0.0]
+        emitter = RunEmitter(stream, clock=lambda: now[0])
+        emitter.emit_held("progress", step=1, loss=0.5, examples=0, update_s=0.1, **NO_HASH)
+        now[0] += HOLD_S / 2
+        emitter.emit_held("progress", step=2, loss=0.5, examples=0, update_s=0.1, **NO_HASH)
+        assert self.lines(stream) == []
+        now[0] += HOLD_S / 2
+        emitter.emit_held("progress", step=3, loss=0.5, examples=0, update_s=0.1, **NO_HASH)
+        assert self.lines(stream) == [("progress", 1), ("progress", 2), ("progress", 3)]
+        for step in range(4, 4 + HOLD_EVENTS):
+            emitter.emit_held("progress", step=step, loss=0.5, examples=0, update_s=0, **NO_HASH)
+        assert len(self.lines(stream)) == 3 + HOLD_EVENTS
+
+    def test_a_run_writes_each_hashed_event_at_once_and_every_event_by_its_end(self) -> None:
+        """hash_every=3: after each run.progress of a hashed step the stream holds it."""
+        events = io.StringIO()
+        seen_after: dict[int, list[tuple[str, int | None]]] = {}
+        with jw.attach(
+            config={"lr": 0.1},
+            data_hash="none",
+            name="toy",
+            steps=7,
+            hash_every=3,
+            checkpoints="external",
+            events=events,
+            argv=[],
+            environ={},
+        ) as run:
+            state = {"params": np.zeros(2, np.float32)}
+            for step in run.steps(state):
+                state = {"params": state["params"] + 1}
+                run.progress(step, state, loss=float(step))
+                seen_after[step] = self.lines(events)
+        parsed = parse_lines(events.getvalue().splitlines())
+        progress = [e for e in parsed if isinstance(e, Event) and e.kind == "progress"]
+        hashed = [e["step"] for e in progress if e["state_hash"] is not None]
+        assert ([e["step"] for e in progress], hashed) == ([1, 2, 3, 4, 5, 6, 7], [3, 6, 7])
+        assert all(("progress", step) in seen_after[step] for step in hashed)
+
+
+NO_HASH: dict[str, Any] = {"state_hash": None}
+
+
 class TestRun:
     """The run in process: what the loop refuses."""
 

@@ -159,9 +159,12 @@ class Run(Session):
     ) -> None:
         """Report update ``step``, which produced ``state``; commit it when it is due.
 
-        The event carries the state hash (every ``hash_every`` steps and at the
-        last), so a replay can be verified update by update.  ``loss`` and
-        ``metrics`` are reported as floats.  Drill faults fire here, after the update.
+        The event carries the state hash (every ``hash_every`` steps, at each
+        commit and at the last), so a replay can be verified update by update;
+        it is written at once.  An event the cadence leaves unhashed may wait
+        up to ``HOLD_S`` (0.1 s) to share the next write (`RunEmitter.emit_held`).
+        ``loss`` and ``metrics`` are reported as floats.  Drill faults fire
+        here, after the update.
         """
         if self._pending != step:
             at = "no step" if self._pending is None else f"step {self._pending}"
@@ -179,7 +182,10 @@ class Run(Session):
             self._hashed = (step, digest, components)
         if metrics:
             fields["metrics"] = {name: float(value) for name, value in metrics.items()}
-        self.emit(
+        # An event with a state hash is evidence and is written at once; one without
+        # may share a later write (`RunEmitter.emit_held`).
+        emit = self.emitter.emit if leaves is not None else self.emitter.emit_held
+        emit(
             "progress",
             step=step,
             loss=float("nan") if loss is None else float(loss),
