@@ -1,0 +1,1 @@
+"""Tests on a real single-node Slurm, brought up by `tests.slurm.cluster`."""

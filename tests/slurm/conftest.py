@@ -1,0 +1,31 @@
+"""One real single-node Slurm per test session, shared by every Slurm test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.slurm.cluster import Cluster, Unavailable, ensure_installed
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """munged, slurmctld and slurmd on loopback, installed with apt-get when missing."""
+    lock = tmp_path_factory.getbasetemp().parent / "slurm-install.lock"
+    try:
+        ensure_installed(lock)
+    except Unavailable as error:
+        pytest.skip(f"SLURM TESTS SKIPPED: the Slurm packages cannot be installed: {error}")
+    cluster = Cluster()
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def slurm(slurm_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    """The session's cluster, with SLURM_CONF set for the daemons this test starts."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    return slurm_cluster
