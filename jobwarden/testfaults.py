@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import enum
 import os
+import time
 from collections.abc import Mapping
+from typing import Any
+
+import structlog
 
 ENV = "JOBWARDEN_TEST_FAULT"
+PAUSE_S = 60.0
+"""How long `pause_if` blocks: far longer than a test needs to SIGKILL the daemon."""
 
 
 class Fault(enum.StrEnum):
@@ -23,11 +29,21 @@ class Fault(enum.StrEnum):
     """worker: a weights-only restore (optimizer state zeroed), which replay must catch."""
     GARBAGE_ON_STDOUT = "garbage_on_stdout"
     """worker: lines that are not events, which the daemon must keep without crashing."""
+    PAUSE_AFTER_LAUNCH = "pause_after_launch"
+    """wardend: block right after a worker is started and before its pid is saved, so a
+    test can SIGKILL the daemon at that instant (logged first as ``testfault.paused``)."""
 
 
 def active(fault: Fault, environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``fault`` is switched on in ``environ`` (default: this process's)."""
     return (os.environ if environ is None else environ).get(ENV) == fault.value
+
+
+def pause_if(fault: Fault, **where: Any) -> None:
+    """When ``fault`` is on: log ``testfault.paused`` with ``where``, then block `PAUSE_S`."""
+    if active(fault):
+        structlog.get_logger("wardend.testfaults").warning("testfault.paused", fault=fault, **where)
+        time.sleep(PAUSE_S)
 
 
 def environment(fault: Fault) -> dict[str, str]:

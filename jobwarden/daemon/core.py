@@ -265,11 +265,13 @@ class Wardend:
 
     def _resume_from_disk(self) -> None:
         for record in self.table.load():
-            self.incidents.recount(record.id)
+            left_open = self.incidents.carry_over(record)  # concluded once the job is looked at
+            if record.state in ACTIVE or (record.state is S.PREEMPTED and record.resume_on_start):
+                self._spawn(self._supervise(record).recover_after_restart(left_open))
+                continue
+            self.incidents.interrupt(left_open, f"the job was {record.state.value} at the restart")
             if record.state is S.QUEUED:
                 self.queue.append(record.id)
-            elif record.state in ACTIVE or (record.state is S.PREEMPTED and record.resume_on_start):
-                self._spawn(self._supervise(record).recover_after_restart())
 
     # ---- sampling
 

@@ -17,7 +17,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,11 +26,11 @@ import structlog
 from jobwarden.daemon.evidence import describe
 from jobwarden.daemon.layout import Root
 from jobwarden.daemon.policy import IncidentKind
-from jobwarden.daemon.rootcheck import PRIVATE_FILE, PRIVATE_FOLDER, open_private
+from jobwarden.daemon.rootcheck import PRIVATE_FILE, RootUnsafeError, open_private
 
 if TYPE_CHECKING:
     from jobwarden.daemon.jobs import JobRecord
-from jobwarden.files import write_text_atomic
+from jobwarden.files import Directory, UnsafePathError
 
 log = structlog.get_logger("wardend.incidents")
 
@@ -178,6 +178,14 @@ def render_runbook(incident: Incident) -> str:
     return "\n".join(out) + "\n"
 
 
+def from_record(record: dict[str, Any]) -> Incident:
+    """An incident again, from the snapshot ``incidents/<id>.json`` kept of it."""
+    known = {f.name for f in fields(Incident)}
+    incident = Incident(**{k: v for k, v in record.items() if k in known})
+    incident.kind = IncidentKind(incident.kind)
+    return incident
+
+
 class IncidentLog:
     """Writes incident records and runbooks for the daemon."""
 
@@ -232,20 +240,31 @@ class IncidentLog:
             self.write(incident, "incident.rewritten")
 
     def _write(self, incident: Incident, event: str) -> None:
-        folder = self.folder(incident)
-        folder.mkdir(mode=PRIVATE_FOLDER, exist_ok=True)
+        """Write every file of the record that can be written; then raise the first refusal
+        (`UnsafePathError`, a link where a file or folder belongs), else the first OSError."""
         record = incident.as_record()
         stamp = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
         line = {"incident": record.pop("id"), **record, "event": event, "timestamp": stamp}
         encoded = (json.dumps(line, default=str) + "\n").encode()
-        for path in (self.root.incidents, self.root.job(incident.job) / "incidents.jsonl"):
-            self._append(path, encoded)
-        write_text_atomic(
-            folder / f"{incident.id}.json",
-            json.dumps(incident.as_record(), indent=2, default=str) + "\n",
-            mode=PRIVATE_FILE,
-        )
-        write_text_atomic(folder / f"{incident.id}.md", render_runbook(incident), mode=PRIVATE_FILE)
+        snapshot = json.dumps(incident.as_record(), indent=2, default=str) + "\n"
+
+        def files() -> None:
+            with Directory.open(self.folder(incident), create=True, error=RootUnsafeError) as d:
+                d.write_atomic(f"{incident.id}.json", snapshot.encode(), PRIVATE_FILE)
+                d.write_atomic(f"{incident.id}.md", render_runbook(incident).encode(), PRIVATE_FILE)
+
+        def logs(path: Path) -> Callable[[], None]:
+            return lambda: self._append(path, encoded)
+
+        failures: list[Exception] = []
+        job_log = self.root.job(incident.job) / "incidents.jsonl"
+        for write in (logs(self.root.incidents), logs(job_log), files):
+            try:
+                write()
+            except (OSError, UnsafePathError) as error:
+                failures.append(error)
+        if failures:
+            raise next((e for e in failures if isinstance(e, UnsafePathError)), failures[0])
 
     def open(self, record: JobRecord, incident: Incident, event: str) -> None:
         """Register a new incident with its job and count its kind, then write it."""
@@ -267,16 +286,30 @@ class IncidentLog:
         return self.folder(incident) / f"{incident.id}.md"
 
     def load(self, job_id: str) -> list[dict[str, Any]]:
-        """The latest form of every incident of a job, oldest first."""
+        """The latest form of every incident of a job, oldest first (none through a link)."""
         folder = self.root.job(job_id) / "incidents"
-        if not folder.is_dir():
+        if folder.is_symlink() or not folder.is_dir():
             return []
         records = [json.loads(p.read_text()) for p in folder.glob("*.json")]
         return sorted(records, key=lambda r: r["opened"])
 
-    def recount(self, job_id: str) -> None:
-        """Count the kinds of a job's incidents kept from before the daemon's start."""
-        self.kinds.update(incident["kind"] for incident in self.load(job_id))
+    def carry_over(self, record: JobRecord) -> list[Incident]:
+        """At daemon start: count the kinds of the job's kept incidents, register any its
+        record missed (a kill between the incident's write and the record's save: numbers
+        are never reused), and return those a killed daemon left open."""
+        kept = self.load(record.id)
+        self.kinds.update(incident["kind"] for incident in kept)
+        record.incidents += [i["id"] for i in kept if i["id"] not in record.incidents]
+        return [from_record(i) for i in kept if i.get("status") == "open"]
+
+    def interrupt(self, incidents: list[Incident], why: str) -> None:
+        """Conclude incidents a killed daemon left open: status ``interrupted``, with ``why``."""
+        text = f"The daemon was killed before this incident was settled; {why}."
+        for incident in incidents:
+            try:
+                self.conclude(incident, "interrupted", text, "incident.interrupted")
+            except UnsafePathError as error:
+                log.error("incident.refused", incident=incident.id, error=error.message)
 
     def close(self) -> None:
         """Close the open record files."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -27,7 +28,14 @@ import structlog
 
 from jobwarden.daemon.evidence import describe
 from jobwarden.daemon.layout import Root
-from jobwarden.files import PENDING_SUFFIX, fsync_dir, write_all, write_text_atomic
+from jobwarden.files import (
+    PENDING_SUFFIX,
+    UnsafePathError,
+    fsync_dir,
+    kind_of,
+    write_all,
+    write_text_atomic,
+)
 from jobwarden.jobfile import Job, format_of, job_from_bytes, job_from_mapping
 from jobwarden.states import JobState, check_transition
 
@@ -54,6 +62,7 @@ PERSISTED = (
     "history",
     "claim",
     "request_name",
+    "error",
 )
 
 
@@ -85,6 +94,8 @@ class JobRecord:
     """The spool/claimed file name the request was taken from (unique to that intake)."""
     request_name: str | None = None
     """The name the request arrived under in spool/incoming."""
+    error: str | None = None
+    """Why the daemon refused to go on with the job (an unsafe path), when it did."""
 
     @property
     def checkpoint(self) -> str:
@@ -271,6 +282,13 @@ def create_folder(
     """
     staging = root.jobs / f"{STAGING_PREFIX}{job.id}"
     if os.path.lexists(staging):
+        found = os.lstat(staging).st_mode
+        if not stat.S_ISDIR(found):  # planted: rmtree would refuse it at every rescan
+            raise UnsafePathError(
+                str(staging),
+                f"is a {kind_of(found)}, not a staging folder of this daemon; left in place",
+                found=kind_of(found),
+            )
         shutil.rmtree(staging)
     staging.mkdir()
     record = new_record(job, claim=claim, request_name=request_name)

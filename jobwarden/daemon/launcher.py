@@ -38,6 +38,9 @@ EVENTS_FILE = "events.jsonl"
 """Where an attempt's stdout is kept when it carries jobwarden events."""
 OUTPUT_FILE = "output.log"
 """... and where it is kept for a plain program, whose stdout is its own output."""
+ATTEMPT_ENV = "JOBWARDEN_ATTEMPT_FOLDER"
+"""Set in each local worker's environment to its attempt folder: how a restarted daemon
+finds a worker whose pid it never saved (`Launcher.find_orphans`)."""
 
 OnEvent = Callable[[Event], None]
 OnMalformed = Callable[[Malformed], None]
@@ -189,6 +192,14 @@ class Launcher(abc.ABC):
     async def wait_orphan(self, pid: int, started: float | None) -> None:  # noqa: B027
         """After the daemon's own restart: return once an attempt it started before
         (``pid``, started at ``started``) has gone, ending it if it outlives the wait."""
+
+    def find_orphans(self, job_folder: Path) -> list[tuple[int, float | None]]:
+        """After the daemon's own restart: (pid, start time) of each process still running
+        an attempt of the job whose folder is ``job_folder``, found without a saved pid.
+
+        Blocking (it may scan the process table): the daemon calls it in a thread.
+        """
+        return []
 
 
 async def pump(

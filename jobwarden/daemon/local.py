@@ -13,6 +13,7 @@ import asyncio
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -20,6 +21,7 @@ import structlog
 
 from jobwarden.daemon.evidence import open_evidence
 from jobwarden.daemon.launcher import (
+    ATTEMPT_ENV,
     LINE_LIMIT,
     Launcher,
     LauncherError,
@@ -94,6 +96,21 @@ class LocalLauncher(Launcher):
         with suppress_gone():
             os.killpg(pid, signal.SIGKILL)
 
+    def find_orphans(self, job_folder: Path) -> list[tuple[int, float | None]]:
+        """Every process of this user whose environment names an attempt folder of the job
+        (`ATTEMPT_ENV`, set at spawn), so a worker is found even if its pid was never saved."""
+        prefix = f"{job_folder}{os.sep}attempts{os.sep}"
+        found = []
+        for proc in psutil.process_iter(["uids"]):
+            try:
+                if proc.info["uids"] is None or proc.info["uids"].real != os.getuid():
+                    continue
+                if proc.environ().get(ATTEMPT_ENV, "").startswith(prefix):
+                    found.append((proc.pid, proc.create_time()))
+            except psutil.Error:  # gone, a zombie, or not ours to read
+                continue
+        return found
+
     async def start(self, spec: LaunchSpec) -> LocalAttempt:
         """Spawn the worker in a new session, stderr straight to stderr.log."""
         if spec.processes != 1:
@@ -102,7 +119,7 @@ class LocalLauncher(Launcher):
                 processes=spec.processes,
             )
         spec.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        env = {**spec.env, SUPERVISOR_ENV: str(os.getpid())}
+        env = {**spec.env, SUPERVISOR_ENV: str(os.getpid()), ATTEMPT_ENV: str(spec.folder)}
         with open_evidence(spec.folder / "stderr.log") as stderr:
             proc = await asyncio.create_subprocess_exec(
                 *spec.argv,

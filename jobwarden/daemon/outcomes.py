@@ -7,18 +7,24 @@ in the state its outcome names.
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import structlog
 
 from jobwarden.daemon import diagnosis, plain, policy
 from jobwarden.daemon.attempt import Attempt
+from jobwarden.daemon.heartbeat import Heartbeat
 from jobwarden.daemon.incidents import Incident
 from jobwarden.daemon.jobs import JobRecord
 from jobwarden.daemon.launcher import ExitInfo
-from jobwarden.daemon.recovery import Verdict
+from jobwarden.daemon.policy import IncidentKind, StopReason
+from jobwarden.daemon.recovery import ReplayPlan, Verdict
 from jobwarden.daemon.verification import ReplayVerifier
-from jobwarden.states import JobState
+from jobwarden.files import UnsafePathError
+from jobwarden.states import TRANSITIONS, JobState
 
 if TYPE_CHECKING:
     from jobwarden.daemon.supervisor import Services
@@ -41,6 +47,115 @@ def complete(
         )
         s.incidents.write(verifier.incident, "incident.job_completed")
     s.table.transition(record, S.COMPLETED, outcome.reason, step=record.step)
+
+
+def start_plain(
+    s: Services, record: JobRecord, attempt: Attempt, on_beat: Callable[[], None]
+) -> None:
+    """A plain program: watch its heartbeat, if it has one, and conclude the recovery it
+    makes as unverified now (it logs no state, so there is nothing to wait for)."""
+    cwd = attempt.running.spec.cwd or attempt.folder
+    beat = attempt.heartbeat = Heartbeat.of(record.job, cwd, s.clock, on_beat)
+    if beat.watching:
+        attempt.stall.start(record.job.supervision.startup_timeout_s)
+        beat.start()
+    elif record.state is S.STARTING:
+        s.table.transition(
+            record, S.RUNNING, f"attempt {attempt.number} started (no heartbeat to watch)"
+        )
+    if attempt.verifier is not None:
+        recovered_unverified(s, record, attempt, attempt.verifier)
+
+
+def replay(s: Services, record: JobRecord, attempt: Attempt, check: Callable[[], Verdict]) -> None:
+    """Run one step of the replay proof and act on a verdict it reaches."""
+    verifier = attempt.verifier
+    if verifier is None:
+        return
+    before, lost_before = verifier.verdict, verifier.time_lost_s
+    verdict = check()
+    if verifier.time_lost_s is not None and lost_before is None:
+        record.time_lost_s += verifier.time_lost_s
+        s.table.save(record)
+        s.incidents.write(verifier.incident, "incident.goodput")
+    if verdict is before:
+        return
+    if verdict is Verdict.MISMATCH:
+        # Stop at once: SIGKILL, so the different experiment commits nothing more.
+        if attempt.stopping(StopReason.MISMATCH):
+            attempt.running.kill()
+        log.error("replay.mismatch", job=record.id, step=verifier.mismatch_step)
+        return
+    record.replayed_updates += verifier.plan.replayed_updates
+    s.incidents.conclude(
+        verifier.incident,
+        verdict.value,
+        diagnosis.recovered_text(attempt.number, verifier.plan.restored_step),
+        f"incident.{verdict.value}",
+    )
+    if record.state is S.RECOVERING:
+        s.table.transition(record, S.RUNNING, f"recovery {verdict}", verdict=verdict.value)
+
+
+async def wait_orphans(s: Services, record: JobRecord) -> int | None:
+    """After the daemon's restart, return once no worker it started for the job lives: the
+    pid it saved and any process `Launcher.find_orphans` finds by the job's folder (one
+    whose pid was never saved: the daemon died in between).  Returns the first such pid."""
+    found = await asyncio.to_thread(s.launcher.find_orphans, s.root.job(record.id))
+    if record.pid is not None:
+        found.insert(0, (record.pid, record.pid_started))
+    for pid, started in found:
+        log.info("orphan.waiting", job=record.id, pid=pid, pid_saved=pid == record.pid)
+        await s.launcher.wait_orphan(pid, started)
+    return found[0][0] if found else None
+
+
+def restarted(
+    s: Services, record: JobRecord, previous: int | None, left_open: list[Incident]
+) -> ReplayVerifier:
+    """The daemon restarted while the job was active: the incidents an earlier daemon left
+    open are concluded, a ``daemon_restart`` incident opened, and the job is recovering."""
+    folder = s.root.job(record.id) / "attempts" / str(record.attempt)
+    plan = ReplayPlan.from_events(record.attempt, folder / "events.jsonl")
+    number = len(record.incidents) + 1
+    incident = diagnosis.restart_incident(record, plan, folder, previous, number)
+    s.incidents.interrupt(left_open, f"incident {incident.id} carries the recovery on")
+    s.incidents.open(record, incident, "incident.detected")
+    record.resume_on_start = False
+    s.table.transition(record, S.RECOVERING, "daemon restarted", incident=incident.id)
+    return ReplayVerifier(plan, incident)
+
+
+def unsafe_path(s: Services, record: JobRecord, error: UnsafePathError) -> None:
+    """A path the daemon writes for the job is a link or not its own: the job is escalated
+    with an ``unsafe_path`` incident naming it.  When that incident cannot be written either
+    (the incident log is the path), state.json's ``error`` and the daemon's log say so."""
+    record.error = f"unsafe_path: {error.message}"
+    now = time.time()
+    incident = Incident(
+        id=f"{record.id}-{len(record.incidents) + 1}",
+        job=record.id,
+        kind=IncidentKind.UNSAFE_PATH,
+        opened=now,
+        attempt=record.attempt,
+        symptom=f"A path the daemon writes for job {record.id} is unsafe: {error.message}.",
+        evidence={"path": error.path},
+        details={k: str(v) for k, v in error.evidence.items()},
+        outcome="Escalated: nothing was written through the path, and no attempt follows "
+        "until a person removes what is there and resumes the job.",
+        status="escalated",
+        prevention=["Only the daemon's user may write under its root; find who planted it."],
+        closed=now,
+    )
+    try:
+        s.incidents.open(record, incident, "incident.escalated")
+    except UnsafePathError as unwritten:
+        record.error += f" (incident {incident.id} not recorded: {unwritten.message})"
+    log.error("job.unsafe_path", job=record.id, path=error.path, error=record.error)
+    if S.ESCALATED in TRANSITIONS[record.state]:
+        s.table.transition(record, S.ESCALATED, record.error, incident=incident.id)
+    else:  # already settled (completed, say): the refusal is kept in its record
+        s.table.save(record)
 
 
 def recovered_unverified(

@@ -40,7 +40,7 @@ from watchdog.observers import Observer
 from jobwarden.daemon import jobs
 from jobwarden.daemon.layout import Root
 from jobwarden.errors import JobFileError
-from jobwarden.files import write_all, write_text_atomic
+from jobwarden.files import UnsafePathError, write_all, write_text_atomic
 from jobwarden.jobfile import MAX_JOB_FILE_BYTES, Job, format_of, job_from_bytes
 
 log = structlog.get_logger("wardend.spool")
@@ -222,14 +222,17 @@ class Spool:
             problems, verdict = [f"validation failed: {type(error).__name__}: {error!s:.200}"], None
         if verdict is not None:
             job, raw = verdict
-            jobs.create_folder(
-                self.root,
-                job,
-                raw,
-                claimed.suffix or ".toml",
-                claim=claimed.name,
-                request_name=name,
-            )
+            try:
+                jobs.create_folder(
+                    self.root,
+                    job,
+                    raw,
+                    claimed.suffix or ".toml",
+                    claim=claimed.name,
+                    request_name=name,
+                )
+            except UnsafePathError as error:  # a link at its staging folder: refused, kept
+                return self._reject(claimed, name, [f"unsafe path: {error.message}"])
             claimed.unlink()
             return job
         if problems == [ALREADY_ACCEPTED]:

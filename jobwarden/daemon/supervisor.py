@@ -12,6 +12,7 @@ tells the daemon through ``on_settled`` when the job no longer needs a slot.
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import json
 import time
@@ -22,19 +23,20 @@ from typing import Any
 
 import structlog
 
+from jobwarden import testfaults
 from jobwarden.daemon import diagnosis, evidence, outcomes, policy, stalled
 from jobwarden.daemon.attempt import Attempt, prepare
-from jobwarden.daemon.heartbeat import Heartbeat
-from jobwarden.daemon.incidents import IncidentLog
+from jobwarden.daemon.incidents import Incident, IncidentLog
 from jobwarden.daemon.jobs import JobRecord, JobTable
 from jobwarden.daemon.launcher import ExitInfo, Launcher, LauncherError
 from jobwarden.daemon.layout import Root
 from jobwarden.daemon.policy import IncidentKind, Outcome, StopReason
-from jobwarden.daemon.recovery import ReplayPlan, Verdict
+from jobwarden.daemon.recovery import ReplayPlan
 from jobwarden.daemon.stall import Clock, StallPhase, StallWatch
 from jobwarden.daemon.stats import Stats
 from jobwarden.daemon.verification import ReplayVerifier
 from jobwarden.events import Event, Malformed
+from jobwarden.files import UnsafePathError
 from jobwarden.states import JobState
 
 log = structlog.get_logger("wardend.supervisor")
@@ -71,11 +73,20 @@ class JobSupervisor:
         self.closing = False
         self._relaunch: asyncio.TimerHandle | None = None
         self._following: asyncio.Task[None] | None = None
+        self.refusal: UnsafePathError | None = None
+        """A path the daemon must write for this job is unsafe: the job ends escalated."""
+        self.refused = False
 
     # ---- starting attempts
 
     async def launch(self, verifier: ReplayVerifier | None = None) -> None:
         """Start the next attempt (a recovery when ``verifier`` is given)."""
+        try:
+            await self._launch(verifier)
+        except UnsafePathError as error:
+            self.refuse_unsafe(error)
+
+    async def _launch(self, verifier: ReplayVerifier | None) -> None:
         s, record = self.services, self.record
         if self.closing:
             return
@@ -86,12 +97,18 @@ class JobSupervisor:
             return
         record.attempt += 1
         number = record.attempt
+        # Durable before the worker exists: a restarted daemon never reuses this number, and
+        # finds the worker by its attempt folder (`Launcher.find_orphans`) if its pid is lost.
         if record.state is S.QUEUED:
             s.table.transition(record, S.STARTING, f"attempt {number} launched")
+        else:
+            s.table.save(record)
         try:
             spec = prepare(s.root, record, s.compile_cache, s.signing_key, s.environment)
             running = await s.launcher.start(spec)
         except (LauncherError, OSError) as error:
+            if isinstance(error, OSError) and error.errno == errno.ELOOP:  # O_NOFOLLOW, a link
+                raise UnsafePathError(str(error.filename), "is a symbolic link") from error
             log.error("attempt.launch_failed", job=record.id, attempt=number, error=str(error))
             self._settle_as(S.FAILED, f"attempt {number} could not be launched: {error}")
             return
@@ -103,13 +120,15 @@ class JobSupervisor:
             verifier,
         )
         self.attempt = attempt
+        testfaults.pause_if(testfaults.Fault.PAUSE_AFTER_LAUNCH, job=record.id, pid=running.pid)
         record.pid, record.pid_started = running.pid, running.create_time()
         record.attempt_started = time.time()
         s.table.save(record)
         if record.job.emits_events:
             attempt.stall.start(record.job.supervision.startup_timeout_s)
         else:
-            self._start_plain(attempt)
+            on_beat = functools.partial(self._guarded, self._on_beat, attempt, None)
+            outcomes.start_plain(s, record, attempt, on_beat)
         log.info(
             "attempt.started",
             job=record.id,
@@ -120,38 +139,17 @@ class JobSupervisor:
         )
         self._following = s.spawn(self._follow(attempt))
 
-    async def recover_after_restart(self) -> None:
-        """The daemon restarted while this job was active: wait out its orphan, then resume."""
-        s, record = self.services, self.record
-        previous = record.pid
-        if previous is not None:
-            await s.launcher.wait_orphan(previous, record.pid_started)
-        folder = s.root.job(record.id) / "attempts" / str(record.attempt)
-        plan = ReplayPlan.from_events(record.attempt, folder / "events.jsonl")
-        incident = diagnosis.restart_incident(
-            record, plan, folder, previous, len(record.incidents) + 1
-        )
-        s.incidents.open(record, incident, "incident.detected")
-        record.resume_on_start = False
-        s.table.transition(record, S.RECOVERING, "daemon restarted", incident=incident.id)
-        await self.launch(ReplayVerifier(plan, incident))
-
-    def _start_plain(self, attempt: Attempt) -> None:
-        """A plain program: watch its heartbeat, if it has one, and conclude the recovery it
-        makes as unverified now (it logs no state, so there is nothing to wait for)."""
-        s, record = self.services, self.record
-        cwd = attempt.running.spec.cwd or attempt.folder
-        on_beat = functools.partial(self._guarded, self._on_beat, attempt, None)
-        beat = attempt.heartbeat = Heartbeat.of(record.job, cwd, s.clock, on_beat)
-        if beat.watching:
-            attempt.stall.start(record.job.supervision.startup_timeout_s)
-            beat.start()
-        elif record.state is S.STARTING:
-            s.table.transition(
-                record, S.RUNNING, f"attempt {attempt.number} started (no heartbeat to watch)"
-            )
-        if attempt.verifier is not None:
-            outcomes.recovered_unverified(s, record, attempt, attempt.verifier)
+    async def recover_after_restart(self, left_open: list[Incident]) -> None:
+        """The daemon restarted while this job was active: wait out every worker of the job
+        still alive (its pid, or found by its attempt folder), conclude the incidents left
+        open, then resume under a new ``daemon_restart`` incident."""
+        try:
+            previous = await outcomes.wait_orphans(self.services, self.record)
+            verifier = outcomes.restarted(self.services, self.record, previous, left_open)
+        except UnsafePathError as error:
+            self.refuse_unsafe(error)
+            return
+        await self.launch(verifier)
 
     async def _follow(self, attempt: Attempt) -> None:
         info = await attempt.running.follow(
@@ -167,6 +165,8 @@ class JobSupervisor:
         allowed to end the following of the attempt."""
         try:
             handler(attempt, item)
+        except UnsafePathError as error:
+            self.refuse_unsafe(error)
         except Exception as error:
             log.error(
                 "supervisor.handler_failed",
@@ -220,44 +220,15 @@ class JobSupervisor:
                 s.table.transition(record, S.RUNNING, f"attempt {attempt.number} ready")
             if verifier is not None:
                 verifier.incident.action = diagnosis.recovery_action(attempt, verifier, event)
-                self._replay(attempt, lambda: verifier.ready(event))
+                outcomes.replay(s, record, attempt, lambda: verifier.ready(event))
         elif kind == "progress":
             record.step, record.last_progress = event["step"], time.time()
             if verifier is not None:
-                self._replay(attempt, lambda: verifier.progress(event))
+                outcomes.replay(s, record, attempt, lambda: verifier.progress(event))
         elif kind == "checkpoint":
             s.stats.checkpoints += 1
             s.stats.checkpoint_bytes += event["bytes"]
             s.stats.checkpoint_seconds += event["seconds"]
-
-    def _replay(self, attempt: Attempt, check: Callable[[], Verdict]) -> None:
-        """Run one step of the replay proof and act on a verdict it reaches."""
-        verifier, record, s = attempt.verifier, self.record, self.services
-        if verifier is None:
-            return
-        before, lost_before = verifier.verdict, verifier.time_lost_s
-        verdict = check()
-        if verifier.time_lost_s is not None and lost_before is None:
-            record.time_lost_s += verifier.time_lost_s
-            s.table.save(record)
-            s.incidents.write(verifier.incident, "incident.goodput")
-        if verdict is before:
-            return
-        if verdict is Verdict.MISMATCH:
-            # Stop at once: SIGKILL, so the different experiment commits nothing more.
-            if attempt.stopping(StopReason.MISMATCH):
-                attempt.running.kill()
-            log.error("replay.mismatch", job=record.id, step=verifier.mismatch_step)
-            return
-        record.replayed_updates += verifier.plan.replayed_updates
-        s.incidents.conclude(
-            verifier.incident,
-            verdict.value,
-            diagnosis.recovered_text(attempt.number, verifier.plan.restored_step),
-            f"incident.{verdict.value}",
-        )
-        if record.state is S.RECOVERING:
-            s.table.transition(record, S.RUNNING, f"recovery {verdict}", verdict=verdict.value)
 
     # ---- stalls, limits and stops
 
@@ -345,6 +316,8 @@ class JobSupervisor:
         self.attempt = None
         record.pid = None
         exit_record = {**info.as_record(), "stopped_by": attempt.stop_reason, "ended": time.time()}
+        if self.refusal is not None:
+            exit_record["stopped_by"] = f"unsafe path {self.refusal.path}"
         evidence.keep(attempt.folder / "exit.json", json.dumps(exit_record, indent=2) + "\n")
         log.info(
             "attempt.exited",
@@ -354,6 +327,9 @@ class JobSupervisor:
             signal=info.signal,
             stopped_by=attempt.stop_reason,
         )
+        if self.refusal is not None:
+            self.refuse_unsafe(self.refusal)
+            return
         self.apply(policy.decide(record, attempt.report(), info), attempt, info)
 
     def apply(
@@ -364,7 +340,7 @@ class JobSupervisor:
         match outcome:
             case policy.Completed():
                 if attempt is not None and attempt.verifier is not None:
-                    self._replay(attempt, attempt.verifier.settle)
+                    outcomes.replay(s, record, attempt, attempt.verifier.settle)
                 outcomes.complete(s, record, outcome, attempt)
             case policy.Preempted():
                 outcomes.preempt(s, record, outcome, info)
@@ -394,6 +370,22 @@ class JobSupervisor:
     def _settle_as(self, state: JobState, reason: str) -> None:
         self.services.table.transition(self.record, state, reason)
         self.services.on_settled(self)
+
+    def refuse_unsafe(self, error: UnsafePathError) -> None:
+        """A path the daemon writes for this job is a link or not its own: stop the live
+        attempt (it commits), then escalate the job ``unsafe_path`` naming the path, once."""
+        self.refusal = self.refusal or error
+        if self._relaunch is not None:
+            self._relaunch.cancel()
+            self._relaunch = None
+        if self.attempt is not None:
+            self.attempt.stall.cancel()
+            grace = self.record.job.supervision.stop_grace_s
+            self.services.spawn(self.attempt.running.stop(grace))
+        elif not self.refused:
+            self.refused = True
+            outcomes.unsafe_path(self.services, self.record, self.refusal)
+            self.services.on_settled(self)
 
     def _refuse_duplicate(self, refusal: policy.Escalate, owner: JobRecord) -> None:
         outcomes.refuse_duplicate(self.services, self.record, refusal, owner)
