@@ -425,6 +425,29 @@ class TestStatusRows:
         table.transition(record, JobState.STARTING, "test")
         assert json.loads(rows.row(daemon, record, 1013.0))["state"] == "starting"
 
+    def test_table_values_are_reused_until_the_record_is_saved(self, tmp_path: Path) -> None:
+        """The columns' values: the age fresh at each request, the rest new after a save."""
+        from jobwarden.daemon.jobs import JobTable
+        from jobwarden.daemon.status import StatusRows
+
+        root = Root(tmp_path / "root")
+        root.create()
+        table = JobTable(root)
+        root.job("a").mkdir()
+        record = table.add(job_from_mapping({"id": "a", "task": "linreg"}))
+        record.last_progress = 1000.0
+        rows = StatusRows()
+        daemon = SimpleNamespace(supervisors={}, is_live=lambda job: False, table=table)
+
+        def shown(now: float) -> dict[str, Any]:
+            return dict(zip(TABLE_FIELDS, rows.values(daemon, record, now), strict=True))
+
+        assert (shown(1010.0)["state"], shown(1012.5)["last_progress_age_s"]) == ("queued", 12.5)
+        record.step = 5  # not saved: the kept values stand
+        assert shown(1013.0)["step"] == 0
+        table.transition(record, JobState.STARTING, "test")
+        assert (shown(1014.0)["state"], shown(1014.0)["step"]) == ("starting", 5)
+
 
 class TestStatusAnswer:
     """status sends its table column by column; rows=true sends the full rows."""

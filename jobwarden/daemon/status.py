@@ -33,13 +33,14 @@ TABLE_FIELDS = (
     "attempt",
     "step",
     "steps",
-    "last_progress_age_s",
     "newest_checkpoint_step",
     "pid",
     "rss_mb",
     "uptime_s",
+    "last_progress_age_s",
 )
-"""The columns of the plain ``status`` answer, in this order."""
+"""The columns of the plain ``status`` answer, in this order (the age, which changes with
+every request, last)."""
 
 
 def summary(daemon: Wardend, record: JobRecord, now: float) -> dict[str, Any]:
@@ -83,25 +84,47 @@ def table_row(daemon: Wardend, record: JobRecord, now: float) -> tuple[Any, ...]
         record.attempt,
         record.step,
         record.job.run.steps,
-        round(now - record.last_progress, 3) if record.last_progress else None,
         record.newest_checkpoint_step,
         record.pid,
         record.sample.get("rss_mb") if live else None,
         round(now - record.attempt_started, 3) if live and record.attempt_started else None,
+        round(now - record.last_progress, 3) if record.last_progress else None,
     )
 
 
 class StatusRows:
-    """Encoded full rows of the jobs no supervisor holds, each kept until its record is saved.
+    """The table values and encoded full rows of the jobs no supervisor holds, each kept
+    until its record is saved.
 
     Such a record changes only through `JobTable.save`, which stamps
     ``updated``; only the age of its last progress is computed at each request
     (its uptime is null: nothing runs).  Rows of jobs a supervisor holds change
-    with every event and sample, and are encoded afresh.
+    with every event and sample, and are made afresh.  Entries of jobs no
+    longer known (archived) are let go once they outnumber the table.
     """
 
     def __init__(self) -> None:
         self.cached: dict[str, tuple[float, str]] = {}
+        self.kept: dict[str, tuple[float, tuple[Any, ...]]] = {}
+
+    def values(self, daemon: Wardend, record: JobRecord, now: float) -> tuple[Any, ...]:
+        """One job's values for ``TABLE_FIELDS``."""
+        if record.id in daemon.supervisors:
+            return table_row(daemon, record, now)
+        found = self.kept.get(record.id)
+        if found is None or found[0] != record.updated:
+            found = record.updated, table_row(daemon, record, now)[:-1]
+            self.kept[record.id] = found
+        age = round(now - record.last_progress, 3) if record.last_progress else None
+        return (*found[1], age)
+
+    def forget_unknown(self, daemon: Wardend) -> None:
+        """Drop the entries of jobs the table no longer holds, once they are many."""
+        known = daemon.table.records
+        for cache in (self.cached, self.kept):
+            if len(cache) > 2 * len(known) + 100:
+                for job_id in [j for j in cache if j not in known]:
+                    del cache[job_id]
 
     def row(self, daemon: Wardend, record: JobRecord, now: float) -> str:
         """One full status row as JSON text."""
@@ -149,11 +172,14 @@ def status(daemon: Wardend, args: dict[str, Any], rows: StatusRows | None = None
     info = {"pid": os.getpid(), "version": __version__, "uptime_s": round(now - daemon.started, 3)}
     if full:
         rows = rows or StatusRows()
+        rows.forget_unknown(daemon)
         table = ", ".join([rows.row(daemon, r, now) for r in daemon.table])
         counted = totals(daemon, [r.state.value for r in daemon.table])
         tail = json.dumps({"totals": counted, "daemon": daemon_info(info, counted)})[1:]
         return Encoded(f'{{"jobs": [{table}], {tail}'.encode())
-    values = [table_row(daemon, record, now) for record in daemon.table]
+    rows = rows or StatusRows()
+    rows.forget_unknown(daemon)
+    values = [rows.values(daemon, record, now) for record in daemon.table]
     columns = [list(column) for column in zip(*values, strict=True)] or [[] for _ in TABLE_FIELDS]
     counted = totals(daemon, columns[1])
     return {
