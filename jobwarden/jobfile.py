@@ -53,6 +53,8 @@ class RunSection(_Section):
     keep_checkpoints: int = Field(3, ge=1)
     resume: Literal["auto", "require", "never"] = "auto"
     hash_every: int = Field(1, ge=1)
+    processes: int = Field(1, ge=1, le=16)
+    """cooperating JAX processes, one job (docs/multiprocess.md)"""
 
 
 class FaultSection(_Section):
@@ -65,6 +67,8 @@ class FaultSection(_Section):
     stall_seconds: float = Field(10.0, gt=0, le=86400)
     step_delay_s: float = Field(0.0, ge=0, le=60)
     every_attempt: bool = False
+    process: int | None = Field(None, ge=0, le=15)
+    """the member the faults apply to in a multi-process job (None: every member)"""
 
     def active(self) -> bool:
         """Whether any fault is set."""

@@ -45,6 +45,7 @@ def attach(
     keep_checkpoints: int | None = None,
     resume: str | None = None,
     hash_every: int | None = None,
+    processes: int | None = None,
     faults: FaultSection | Mapping[str, Any] | None = None,
     compile_cache: str | Path | None = None,
     signing_key: str | Path | None = None,
@@ -65,8 +66,8 @@ def attach(
     Settings (the run file and the command line win over these, see
     `jobwarden.sdk.settings`): ``checkpoint_dir``, the ``[run]`` fields
     ``steps``, ``checkpoint_every``, ``keep_checkpoints``, ``resume``,
-    ``hash_every``, the ``[faults]`` drill faults, ``compile_cache``,
-    ``signing_key`` (a key file's path) and ``job_id``.
+    ``hash_every``, ``processes`` (docs/multiprocess.md), the ``[faults]`` drill
+    faults, ``compile_cache``, ``signing_key`` (a key file's path) and ``job_id``.
 
     ``events``: a path to append events to, or a text stream; default stdout
     (where a supervisor reads them, always), with the program's own output
@@ -82,6 +83,7 @@ def attach(
         "keep_checkpoints": keep_checkpoints,
         "resume": resume,
         "hash_every": hash_every,
+        "processes": processes,
     }
     request = Request(
         config=config,

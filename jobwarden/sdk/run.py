@@ -41,6 +41,9 @@ class Run(Session):
         source, runtime or tree) ends the run with its error, with no fallback.
         """
         store = self._store
+        if store is None and self.member.group and not self.member.writes:
+            self._before_start("run.restore()")
+            return self._share_start(0, init_state, init_state)
         if store is None:
             raise UsageError(
                 "run.restore() needs jobwarden's checkpoints; "
@@ -70,7 +73,7 @@ class Run(Session):
                     directory=str(directory),
                 )
             self._started_at(0, restored=False)
-            return init_state
+            return self._share_start(0, init_state, init_state)
         state = state_tree.unflatten_like(init_state, restored.arrays)
         if testfaults.active(Fault.ZERO_OPT_STATE_ON_RESTORE):
             state = _zero_opt_state(state)
@@ -87,7 +90,18 @@ class Run(Session):
             writer_generation=manifest.provenance.writer_generation,
         )
         self._started_at(manifest.step, restored=True)
-        return state
+        return self._share_start(manifest.step, state, init_state)
+
+    def _share_start(self, step: int, state: Any, init_state: Any) -> Any:
+        """Member 0's start (step and state) in every member of a multi-process job, exact."""
+        if not self.member.group:
+            return state
+        leaves = self._leaves(state)
+        shared_step, arrays = self.member.share_start(step, [value for _, value in leaves])
+        if not self.member.writes:
+            self._started_at(shared_step, restored=shared_step > 0)
+        named = {path: array for (path, _), array in zip(leaves, arrays, strict=True)}
+        return state_tree.unflatten_like(init_state, named)
 
     def restored(self, step: int, state: Any, source: str = "") -> None:
         """Report a state the program restored itself (its own checkpointer) at ``step``.
@@ -172,10 +186,12 @@ class Run(Session):
         elapsed = time.perf_counter() - self._yielded_at
         self._pending, self._state, self._step = None, state, step
         run = self.settings.run
-        due = self._store is not None and (step % run.checkpoint_every == 0 or step == run.steps)
+        on_cadence = step % run.checkpoint_every == 0 or step == run.steps
+        due = self._store is not None and on_cadence
+        agree = self.member.group and on_cadence  # every member proves the committed state
         fields: dict[str, Any] = {"state_hash": None}
         leaves: Leaves | None = None
-        if due or step % run.hash_every == 0 or step == run.steps:
+        if due or agree or step % run.hash_every == 0 or step == run.steps:
             leaves = self._leaves(state)
             digest, components = self._state_hash(leaves, step)
             fields = {"state_hash": digest, "components": components}
@@ -195,6 +211,8 @@ class Run(Session):
         )
         if self.emitter.broken:
             return  # the loop commits this step and stops before the next update
+        if agree:
+            self.member.agree(step, self._hashed[1])
         if due:
             self._commit(step, leaves)
         self.faults.after_update(step)

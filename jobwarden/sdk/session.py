@@ -29,6 +29,7 @@ from jobwarden.errors import JobwardenError, WorkerInternalError
 from jobwarden.events import human
 from jobwarden.hashing import Leaves, StateHasher
 from jobwarden.jobfile import FaultSection
+from jobwarden.sdk.distributed import Membership
 from jobwarden.sdk.faults import FaultPlan
 from jobwarden.sdk.leaves import Flattener
 from jobwarden.sdk.provenance import (
@@ -96,6 +97,7 @@ class Session:
         self.emitter = RunEmitter(sys.stdout)
         self.preemption = Preemption()
         self.faults = FaultPlan(FaultSection(), self.emitter)
+        self.member = Membership()
         self.runtime: dict[str, str] = {}
         self.generation: int | None = None
         self.start_step = 0
@@ -215,13 +217,14 @@ class Session:
         key = None
         if settings.signing_key is not None and not external:
             key = load_key(settings.signing_key)
-        if settings.checkpoint_dir is not None:
+        self.member = member = Membership.from_environ()
+        if settings.checkpoint_dir is not None and member.writes:  # one writer per job
             self._lock = WriterLock(settings.checkpoint_dir).acquire()
             self.generation = self._lock.generation
             if not external:
                 self._store = CheckpointStore(settings.checkpoint_dir, self._lock, key)
         self.preemption.install()
-        self.faults = FaultPlan(settings.faults, self.emitter)
+        self.faults = FaultPlan(member.faults(settings.faults), self.emitter)
         warning = pin_before_start()
         if warning:
             self.stderr(warning + "\n")
@@ -229,7 +232,8 @@ class Session:
 
         if settings.compile_cache is not None:
             enable_compilation_cache(settings.compile_cache)
-        self.runtime = runtime_identity()
+        member.join()
+        self.runtime = member.runtime(runtime_identity())
         self.emit(
             "started",
             pid=os.getpid(),
@@ -243,6 +247,7 @@ class Session:
             checkpoints=request.checkpoints,
             run=settings.run.model_dump(),
             faults=settings.faults.model_dump(),
+            **({"process": member.index, "processes": member.processes} if member.group else {}),
         )
         self._phase = Phase.ENTERED
         self._mark = time.perf_counter()

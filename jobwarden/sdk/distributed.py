@@ -1,0 +1,149 @@
+"""One member of a multi-process job: joining `jax.distributed`, sharing the start, agreeing.
+
+wardend starts the N members of a ``[run] processes = N`` job with
+``JOBWARDEN_PROCESS_ID``, ``JOBWARDEN_PROCESSES`` and ``JOBWARDEN_COORDINATOR``
+(a loopback ``host:port`` it picked).  `Membership.join` joins them with gloo
+collectives on CPU.  The training state is replicated (data-parallel: the
+gradients are reduced across members), so member 0 alone holds the writer
+lock, restores and commits; `Membership.share_start` gives every member
+member 0's start state bit for bit, and `Membership.agree` checks before each
+commit that every member holds exactly the state being written (docs/multiprocess.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from jobwarden.errors import JobwardenError
+from jobwarden.jobfile import FaultSection
+
+PROCESS_ID_ENV = "JOBWARDEN_PROCESS_ID"
+PROCESSES_ENV = "JOBWARDEN_PROCESSES"
+COORDINATOR_ENV = "JOBWARDEN_COORDINATOR"
+JOIN_TIMEOUT_S = 300
+"""How long `jax.distributed.initialize` waits for every member (wardend's startup
+timeout usually ends the attempt first, naming the members that never arrived)."""
+
+
+class MembersDiverged(JobwardenError):
+    """Raised in every member when their state hashes differ at a commit step: the replicas
+    are no longer one experiment, so nothing is committed."""
+
+    code = "distributed.diverged"
+    exit_status = 29
+
+
+class MembershipError(JobwardenError):
+    """Raised when the membership variables wardend sets are missing or inconsistent."""
+
+    code = "distributed.membership"
+    exit_status = 2
+
+
+@dataclass(frozen=True)
+class Membership:
+    """Which member of how many this process is, and where the coordinator listens."""
+
+    index: int = 0
+    processes: int = 1
+    coordinator: str = ""
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Membership:
+        """The membership wardend's launcher set; a single process when none is set."""
+        env = os.environ if environ is None else environ
+        if PROCESSES_ENV not in env:
+            return cls()
+        try:
+            index, count = int(env[PROCESS_ID_ENV]), int(env[PROCESSES_ENV])
+        except (KeyError, ValueError) as error:
+            raise MembershipError(f"bad membership variables: {error}") from error
+        if not 0 <= index < count:
+            raise MembershipError(f"process id {index} is outside 0..{count - 1}", index=index)
+        coordinator = env.get(COORDINATOR_ENV, "")
+        if count > 1 and not coordinator:
+            raise MembershipError(f"{COORDINATOR_ENV} is not set for a {count}-process job")
+        return cls(index, count, coordinator)
+
+    @property
+    def group(self) -> bool:
+        """Whether this process is one of several."""
+        return self.processes > 1
+
+    @property
+    def writes(self) -> bool:
+        """Whether this member holds the writer lock and commits (member 0)."""
+        return self.index == 0
+
+    def faults(self, faults: FaultSection) -> FaultSection:
+        """The drill faults that apply to this member (``[faults] process``: one, default all)."""
+        if faults.process is None or faults.process == self.index:
+            return faults
+        return FaultSection()
+
+    def runtime(self, identity: dict[str, str]) -> dict[str, str]:
+        """The runtime identity with the process count: an N-process checkpoint resumes only
+        into N processes (a single process keeps the identity it always had)."""
+        return {**identity, "processes": str(self.processes)} if self.group else identity
+
+    def join(self) -> None:
+        """Join the other members: gloo collectives on CPU, then `jax.distributed`."""
+        if not self.group:
+            return
+        import jax
+
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # type: ignore[no-untyped-call]
+        jax.distributed.initialize(
+            coordinator_address=self.coordinator,
+            num_processes=self.processes,
+            process_id=self.index,
+            initialization_timeout=JOIN_TIMEOUT_S,
+        )
+
+    def share_start(self, step: int, leaves: list[np.ndarray]) -> tuple[int, list[np.ndarray]]:
+        """Member 0's ``(step, leaves)`` in every member, bit for bit (the others pass their
+        initial state as the template of shapes and dtypes)."""
+        if not self.group:
+            return step, leaves
+        from jax.experimental import multihost_utils
+
+        # Broadcast as bytes: a float sum with zeros would turn -0.0 into 0.0, an integer
+        # one copies every bit.
+        raw = [_as_bits(leaf) for leaf in leaves]
+        sent = multihost_utils.broadcast_one_to_all(
+            (np.array(step, dtype=np.int32), raw), is_source=self.writes
+        )
+        shared_step, shared = sent
+        out = [
+            np.asarray(bits).view(leaf.dtype).reshape(leaf.shape)
+            for bits, leaf in zip(shared, leaves, strict=True)
+        ]
+        return int(shared_step), out
+
+    def agree(self, step: int, digest: str) -> None:
+        """Every member's state hash at ``step``, compared; raises `MembersDiverged` naming
+        the members whose hash differs from member 0's."""
+        if not self.group:
+            return
+        from jax.experimental import multihost_utils
+
+        mine = np.frombuffer(digest.encode().ljust(128)[:128], dtype=np.uint8)
+        every = np.asarray(multihost_utils.process_allgather(mine))
+        hashes = [bytes(row).decode().strip() for row in every.reshape(self.processes, -1)]
+        differing = [i for i, h in enumerate(hashes) if h != hashes[0]]
+        if differing:
+            raise MembersDiverged(
+                f"members {differing} hold another state than member 0 at step {step}",
+                step=step,
+                hashes=hashes,
+                members=differing,
+            )
+
+
+def _as_bits(leaf: np.ndarray) -> np.ndarray:
+    """The leaf's bytes, flat: JAX without x64 would narrow a 64-bit leaf, never a byte."""
+    return np.ascontiguousarray(leaf).reshape(-1).view(np.uint8)
