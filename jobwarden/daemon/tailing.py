@@ -187,7 +187,7 @@ def daemon_records(lines: list[bytes], job: Snapshot, attempt: int | None) -> li
     for raw in lines:
         record = log_record(raw)
         if attempt is None or record.get("attempt") == attempt:
-            found.append({"source": "wardend", **record})
+            found.append({**record, "origin": "wardend"})
     return found
 
 
@@ -200,7 +200,7 @@ def incident_records(lines: list[bytes], attempt: int | None) -> list[dict[str, 
             continue
         shown = {k: record[k] for k in INCIDENT_FIELDS if k in record}
         text = record.get("outcome") if record.get("closed") else record.get("symptom")
-        found.append({"source": "wardend", **shown, "time": record["time"], "text": text})
+        found.append({**shown, "time": record["time"], "text": text, "origin": "wardend"})
     return found
 
 

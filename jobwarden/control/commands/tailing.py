@@ -22,7 +22,9 @@ from jobwarden.control.commands.output import EXIT_OK
 from jobwarden.control.tables import render_event
 
 FOLLOW_PAUSE_S = 0.25
-HIDDEN = frozenset({"timestamp", "time", "level", "event", "source", "attempt", "logger"})
+HIDDEN = frozenset({"timestamp", "time", "level", "event"})
+"""Fields every line shows in its own place."""
+HIDDEN_IN_TAIL = HIDDEN | {"origin", "attempt", "job"}
 
 
 def _value(value: Any) -> str:
@@ -42,13 +44,13 @@ def render_action(record: dict[str, Any]) -> str:
         return f"{head} {record['incident']} {record.get('kind')} {record.get('status')}: " + (
             _value(record["text"] or "-")
         )
-    fields = " ".join(f"{k}={_value(v)}" for k, v in record.items() if k not in HIDDEN)
+    fields = " ".join(f"{k}={_value(v)}" for k, v in record.items() if k not in HIDDEN_IN_TAIL)
     return f"{head} {fields}".rstrip()
 
 
 def render_line(item: dict[str, Any]) -> str:
     """One tail line: a worker event, a plain program's output, or a daemon action."""
-    if item.get("source") == "wardend":
+    if item.get("origin") == "wardend":
         return render_action(item)
     if item.get("event") == "output" and "time" not in item:
         return f"#{item.get('attempt')} {item.get('line', '')}"

@@ -1,0 +1,207 @@
+"""wardenctl tail and maintail through a real daemon: the end first, the daemon's actions
+interleaved in time, -f from the end, --attempt, --stderr, Ctrl-C; and reading from the end."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobwarden.control.protocol import ControlError
+from jobwarden.daemon import tailing
+from tests.daemon import Daemon, linreg_job
+from tests.helpers import wait_until
+
+WARDENCTL = [sys.executable, "-m", "jobwarden.control.cli"]
+
+
+def ctl(daemon: Daemon, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """wardenctl --root ROOT ARGS."""
+    return subprocess.run(
+        [*WARDENCTL, "--root", str(daemon.root), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def lines(daemon: Daemon, *args: str) -> list[str]:
+    """The non-empty lines wardenctl prints."""
+    done = ctl(daemon, *args)
+    assert done.returncode == 0, done.stderr
+    return [line for line in done.stdout.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory, compile_cache: Path) -> Iterator[Daemon]:
+    """One daemon with a long job and a crashed-and-recovered one, both completed."""
+    root = tmp_path_factory.mktemp("tail") / "root"
+    with Daemon(root, compile_cache) as daemon:
+        daemon.drop("long.toml", linreg_job("long", run={"steps": 2500, "checkpoint_every": 500}))
+        daemon.drop("crash.toml", linreg_job("crash", faults={"fail_after": 3}))
+        assert daemon.wait("long", timeout=300)["state"] == "completed"
+        assert daemon.wait("crash")["state"] == "completed"
+        yield daemon
+
+
+class TestReadingFromTheEnd:
+    """The backward reader: the lines asked for, without reading the file."""
+
+    class Counted(io.BytesIO):
+        """A stream that counts the bytes read from it."""
+
+        taken = 0
+
+        def read(self, size: int | None = -1) -> bytes:
+            data = super().read(size)
+            self.taken += len(data)
+            return data
+
+    def test_last_lines_read_a_little_of_a_large_file(self) -> None:
+        """The last 10 lines of 20 MiB cost one block, and a partial last line is left out."""
+        body = b"".join(b'{"n": %d}\n' % n for n in range(2_000_000)) + b'{"partial'
+        stream = self.Counted(body)
+        end = tailing.complete_end(stream, len(body))
+        found = []
+        for line in tailing.reverse_lines(stream, end):
+            found.append(line)
+            if len(found) == 11:
+                break
+        assert end == len(body) - len(b'{"partial')
+        assert [b'{"n": %d}' % n for n in range(1_999_999, 1_999_989, -1)] == found[1:]
+        assert stream.taken < 3 * tailing.BLOCK
+
+    def test_a_file_shorter_than_a_block_is_read_whole(self) -> None:
+        """Every line of a small file, oldest first, with the offset after the last."""
+        stream = self.Counted(b"a\nb\nc\n")
+        assert list(tailing.reverse_lines(stream, 6)) == [b"", b"c", b"b", b"a"]
+
+
+@pytest.mark.slow
+def test_tail_shows_the_end_of_a_long_job(live: Daemon) -> None:
+    """tail JOB ends with the completion; -n counts; --no-daemon ends with the worker's line."""
+    shown = lines(live, "tail", "long")
+    assert len(shown) == 20
+    assert "completed" in shown[-1]
+    assert "wardend job.transition running -> completed" in shown[-1]
+    assert any("progress" in line and "step=2500" in line for line in shown)
+    assert len(lines(live, "tail", "long", "-n", "3")) == 3
+    worker = lines(live, "tail", "long", "--no-daemon", "-n", "2")
+    assert "completed" in worker[-1]
+    assert "wardend" not in " ".join(worker)
+
+
+@pytest.mark.slow
+def test_daemon_actions_are_interleaved_in_time(live: Daemon) -> None:
+    """The crash, the restart scheduled and the verification sit between the attempts' lines."""
+    items = [json.loads(line) for line in lines(live, "tail", "crash", "-n", "200", "--json")]
+    times = [item["time"] for item in items]
+    assert times == sorted(times)
+    ours = [(i.get("attempt"), i.get("event")) for i in items if i.get("origin") == "wardend"]
+    assert (1, "attempt.exited") in ours
+    assert (2, "attempt.started") in ours
+    kinds = [i.get("event") for i in items]
+    failed, restarted = kinds.index("failed"), kinds.index("incident.opened")
+    verified = kinds.index("incident.verified")
+    second_start = max(n for n, i in enumerate(items) if i.get("event") == "started")
+    assert failed < restarted < second_start < verified
+    text = lines(live, "tail", "crash", "-n", "200")
+    assert any("running -> recovering" in line for line in text)
+    assert text[0].startswith("#-") or text[0].startswith("#1")
+
+
+@pytest.mark.slow
+def test_tail_of_one_attempt_and_its_stderr(live: Daemon) -> None:
+    """--attempt N keeps to that attempt; --stderr shows its stderr through the socket."""
+    first = [json.loads(line) for line in lines(live, "tail", "crash", "--attempt", "1", "--json")]
+    assert {item["attempt"] for item in first} == {1}
+    kinds = [item.get("event") for item in first]
+    assert "failed" in kinds
+    assert "completed" not in kinds  # the worker's completion is attempt 2's
+    stderr = ctl(live, "tail", "crash", "--attempt", "1", "--stderr", "-n", "50")
+    assert stderr.returncode == 0
+    assert "worker.injected_failure" in stderr.stdout
+    assert stderr.stdout.startswith("==> attempt 1 stderr <==")
+    assert ctl(live, "tail", "crash", "--attempt", "9").returncode == 4  # no such attempt
+
+
+@pytest.mark.slow
+def test_follow_starts_at_the_end_and_ctrl_c_exits_cleanly(live: Daemon) -> None:
+    """tail -f of a running job begins near its end, follows it, and exits 130 on SIGINT."""
+    live.drop(
+        "slow.toml",
+        linreg_job(
+            "slow", run={"steps": 3000, "checkpoint_every": 500}, faults={"step_delay_s": 0.01}
+        ),
+    )
+    wait_until(
+        lambda: live.state("slow"),
+        lambda s: s["step"] >= 200,
+        timeout=90,
+        what="job slow past step 200",
+        retry=(ControlError,),
+    )
+    follow = subprocess.Popen(
+        [*WARDENCTL, "--root", str(live.root), "tail", "slow", "-f", "-n", "2", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert follow.stdout is not None
+    first = json.loads(follow.stdout.readline())
+    assert first.get("event") == "progress"
+    assert first["step"] >= 150
+    later = [json.loads(follow.stdout.readline()) for _ in range(30)]
+    assert max(e.get("step", 0) for e in later) > first["step"]
+    follow.send_signal(signal.SIGINT)
+    _, err = follow.communicate(timeout=30)
+    assert follow.returncode == 130
+    assert "Traceback" not in err
+    assert ctl(live, "stop", "slow").returncode == 0
+    live.wait("slow", ("preempted",), timeout=60)
+    ended = subprocess.run(
+        [*WARDENCTL, "--root", str(live.root), "tail", "slow", "-f", "-n", "1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert ended.returncode == 0
+    assert "preempted" in ended.stdout
+
+
+@pytest.mark.slow
+def test_maintail_is_readable(live: Daemon) -> None:
+    """maintail prints the daemon's records one readable line each, not JSON."""
+    shown = lines(live, "maintail", "-n", "5")
+    assert len(shown) == 5
+    assert not any(line.startswith("{") for line in shown)
+    level = shown[-1].split()[1]
+    assert level in ("INFO", "WARNING", "ERROR", "DEBUG")
+    records = [json.loads(line) for line in lines(live, "maintail", "-n", "500", "--json")]
+    assert "wardend.ready" in [r.get("event") for r in records]
+    started = time.monotonic()
+    follow = subprocess.Popen(
+        [*WARDENCTL, "--root", str(live.root), "maintail", "-f", "-n", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert follow.stdout is not None
+    follow.stdout.readline()
+    live.drop("after.toml", linreg_job("after"))
+    seen = ""
+    while "job.queued" not in seen and time.monotonic() - started < 60:
+        seen = follow.stdout.readline()
+    follow.send_signal(signal.SIGINT)
+    follow.communicate(timeout=30)
+    assert "job.queued" in seen
+    assert "job=after" in seen
