@@ -108,13 +108,15 @@ def test_incidents_runbook_and_tail(live: Daemon) -> None:
     assert book.returncode == 0
     assert "## Verification" in book.stdout
     assert "runbook file:" in book.stdout
-    tail = ctl(live, "tail", "crash").stdout.splitlines()
+    # Every line from the first (tail shows the end: -n), the worker's only (--no-daemon).
+    tail = ctl(live, "tail", "crash", "-n", "1000", "--no-daemon").stdout.splitlines()
     assert tail[0].startswith("#1 ")
     assert "started" in tail[0]
     assert any("failed" in line and "worker.injected_failure" in line for line in tail)
     assert tail[-1].startswith("#2 ")
     assert "completed" in tail[-1]
-    events = [json.loads(line) for line in ctl(live, "tail", "crash", "--json").stdout.splitlines()]
+    shown = ctl(live, "tail", "crash", "-n", "1000", "--json").stdout.splitlines()
+    events = [json.loads(line) for line in shown]
     assert [e["step"] for e in events if e["event"] == "progress" and e["attempt"] == 2] == [
         3,
         4,
