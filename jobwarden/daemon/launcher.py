@@ -120,6 +120,11 @@ class RunningAttempt(abc.ABC):
     def kill(self) -> None:
         """Kill everything the attempt started, at once."""
 
+    def when_started(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the attempt runs: at once here, later for a batch job
+        that waits in a queue first (its startup watch starts then)."""
+        callback()
+
     def create_time(self) -> float | None:
         """The kernel's start time of the main process, to recognise it after a restart."""
         return None

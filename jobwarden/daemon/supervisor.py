@@ -122,13 +122,13 @@ class JobSupervisor:
         self.attempt = attempt
         testfaults.pause_if(testfaults.Fault.PAUSE_AFTER_LAUNCH, job=record.id, pid=running.pid)
         record.pid, record.pid_started = running.pid, running.create_time()
-        record.attempt_started = time.time()
+        record.attempt_started, sup = time.time(), record.job.supervision
         s.table.save(record)
-        if record.job.emits_events:
-            attempt.stall.start(record.job.supervision.startup_timeout_s)
+        if record.job.emits_events:  # time in a batch queue is not startup time
+            running.when_started(lambda: attempt.stall.start(sup.startup_timeout_s))
         else:
             on_beat = functools.partial(self._guarded, self._on_beat, attempt, None)
-            outcomes.start_plain(s, record, attempt, on_beat)
+            running.when_started(lambda: outcomes.start_plain(s, record, attempt, on_beat))
         log.info(
             "attempt.started",
             job=record.id,
