@@ -54,7 +54,9 @@ def prepare(
     program = job.program
     if program is None:
         argv = worker_argv(job_file, checkpoint_dir, cache, signing_key)
-        return LaunchSpec(record.id, record.attempt, folder, argv, dict(env))
+        return LaunchSpec(
+            record.id, record.attempt, folder, argv, dict(env), processes=job.run.processes
+        )
     if not program.sdk:  # the SDK makes its own, private; a plain program finds it made
         checkpoint_dir.mkdir(mode=0o700, exist_ok=True)
     run_file = folder / RUN_FILE
@@ -67,6 +69,7 @@ def prepare(
         program_environment(env, program, run_file),
         cwd=Path(program.workdir) if program.workdir is not None else folder,
         stdout=stdout_name(job),
+        processes=job.run.processes,
     )
 
 

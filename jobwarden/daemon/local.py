@@ -24,11 +24,12 @@ from jobwarden.daemon.launcher import (
     ATTEMPT_ENV,
     LINE_LIMIT,
     Launcher,
-    LauncherError,
     LaunchSpec,
     ProcessGroupAttempt,
+    RunningAttempt,
     suppress_gone,
 )
+from jobwarden.daemon.members import GroupAttempt
 from jobwarden.worker.runtime import SUPERVISOR_ENV
 
 log = structlog.get_logger("wardend.local")
@@ -111,16 +112,18 @@ class LocalLauncher(Launcher):
                 continue
         return found
 
-    async def start(self, spec: LaunchSpec) -> LocalAttempt:
-        """Spawn the worker in a new session, stderr straight to stderr.log."""
-        if spec.processes != 1:
-            raise LauncherError(
-                f"the local launcher runs one process per attempt, not {spec.processes}",
-                processes=spec.processes,
-            )
+    async def start(self, spec: LaunchSpec) -> RunningAttempt:
+        """Spawn the worker in a new session, stderr straight to stderr.log; N cooperating
+        members for ``processes = N`` (`jobwarden.daemon.members`)."""
+        if spec.processes > 1:
+            return await GroupAttempt.start(spec, self.spawn)
+        return await self.spawn(spec, "stderr.log")
+
+    async def spawn(self, spec: LaunchSpec, stderr_name: str) -> LocalAttempt:
+        """One process group, its stderr straight to ``stderr_name`` in the attempt folder."""
         spec.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         env = {**spec.env, SUPERVISOR_ENV: str(os.getpid()), ATTEMPT_ENV: str(spec.folder)}
-        with open_evidence(spec.folder / "stderr.log") as stderr:
+        with open_evidence(spec.folder / stderr_name) as stderr:
             proc = await asyncio.create_subprocess_exec(
                 *spec.argv,
                 stdin=asyncio.subprocess.DEVNULL,
