@@ -64,8 +64,13 @@ def assert_next_job_runs(daemon: Daemon) -> None:
 
 @pytest.mark.parametrize(
     ("name", "to_file"),
-    [("incidents.jsonl", True), ("incidents", False), ("attempts/2", False)],
-    ids=["incident-log", "incidents-folder", "attempt-folder"],
+    [
+        ("incidents.jsonl", True),
+        ("incidents", False),
+        ("attempts/2", False),
+        ("attempts/2/stderr.log", True),
+    ],
+    ids=["incident-log", "incidents-folder", "attempt-folder", "attempt-stderr"],
 )
 def test_a_link_under_a_running_job_escalates_it_naming_the_path(
     tmp_path: Path, compile_cache: Path, outside: Path, name: str, to_file: bool

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,15 @@ from tests.daemon import Daemon, linreg_job
 from tests.helpers import AttemptResult, kinds, wait_until
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def started() -> Iterator[list[Daemon]]:
+    """Daemons a test starts outside a ``with``: any still running at its end is killed."""
+    daemons: list[Daemon] = []
+    yield daemons
+    for daemon in daemons:
+        daemon.stop(signal.SIGKILL)
 
 
 def final_arrays(path: Path) -> dict[str, bytes]:
@@ -62,11 +72,13 @@ def test_a_kill_between_launch_and_pid_save_waits_for_the_orphan_and_resumes_exa
     compile_cache: Path,
     reference: AttemptResult,
     monkeypatch: pytest.MonkeyPatch,
+    started: list[Daemon],
 ) -> None:
     """state.json says starting with no pid; the restarted daemon finds the worker still
     holding the writer lock, waits for it, and completes the job: no duplicate_writer."""
     monkeypatch.setenv(ENV, Fault.PAUSE_AFTER_LAUNCH.value)
     first = Daemon(tmp_path / "root", compile_cache).start()
+    started.append(first)
     # The worker holds the writer lock from its start and stalls 6 s after step 2's commit.
     first.drop("orphan.toml", linreg_job("orphan", faults={"stall_at": 2, "stall_seconds": 6}))
     log = first.root / "wardend.log"
@@ -95,12 +107,13 @@ def test_a_kill_between_launch_and_pid_save_waits_for_the_orphan_and_resumes_exa
 
 
 def test_two_kills_in_a_row_leave_no_incident_open(
-    tmp_path: Path, compile_cache: Path, reference: AttemptResult
+    tmp_path: Path, compile_cache: Path, reference: AttemptResult, started: list[Daemon]
 ) -> None:
     """Killed while running, then again while the restart's recovery is unproven: the first
     daemon_restart incident is concluded interrupted, the second settled, the job exact."""
     slow = {"step_delay_s": 0.4, "every_attempt": True}
     first = Daemon(tmp_path / "root", compile_cache).start()
+    started.append(first)
     first.drop("twice.toml", linreg_job("twice", faults=slow))
     wait_until(
         lambda: first.state("twice"),
@@ -111,6 +124,7 @@ def test_two_kills_in_a_row_leave_no_incident_open(
     )
     assert first.stop(signal.SIGKILL) == -signal.SIGKILL
     second = Daemon(tmp_path / "root", compile_cache).start()
+    started.append(second)
     opened = wait_until(
         lambda: second.incidents("twice"),
         lambda found: [i["kind"] for i in found] == ["daemon_restart"],
