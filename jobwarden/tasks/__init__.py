@@ -5,10 +5,11 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 
 from jobwarden.tasks.base import Task, TrainFields
+from jobwarden.tasks.dp_mlp import DPMLP
 from jobwarden.tasks.linreg import LinReg
 from jobwarden.tasks.mlp import MLP
 
-BUILTIN: dict[str, type[Task]] = {LinReg.name: LinReg, MLP.name: MLP}
+BUILTIN: dict[str, type[Task]] = {LinReg.name: LinReg, MLP.name: MLP, DPMLP.name: DPMLP}
 
 __all__ = ["BUILTIN", "Task", "TrainFields", "broken_tasks", "known_tasks", "task_class"]
 
