@@ -10,8 +10,7 @@ Slurm) and, once it has ended, into the exit status the daemon's policy reads:
   worker that committed on SIGTERM exits 75, which the policy resumes; one
   killed by a signal is a crash);
 - PREEMPTED, NODE_FAIL, and a job Slurm requeued (``scontrol requeue``): a
-  preemption, exit 75 (resume from the newest checkpoint), unless it had
-  completed;
+  preemption, exit 75 (resume from the newest checkpoint);
 - OUT_OF_MEMORY: a failure killed by SIGKILL, whose signal field names it,
   so the incident does too.
 
@@ -155,7 +154,8 @@ def exit_of(job: SlurmJob | None, script_status: int | None) -> SlurmExit:
         status = -job.exit_signal if job.exit_signal else from_shell(job.exit_code)
     if job.phase is Phase.REQUEUED or job.state in PREEMPTION_STATES:
         why = "requeued by Slurm" if job.phase is Phase.REQUEUED else f"Slurm {job.state}"
-        return SlurmExit(0 if status == 0 else PREEMPTED_STATUS, None, f"{why}: a preemption")
+        # Whatever the worker's own exit (a requeue resets ExitCode to 0:0), it was preempted.
+        return SlurmExit(PREEMPTED_STATUS, None, f"{why}: a preemption")
     if job.state == "OUT_OF_MEMORY":
         return SlurmExit(
             status if status < 0 else -signal.SIGKILL,

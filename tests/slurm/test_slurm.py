@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from jobwarden.control import verify
+from jobwarden.control.protocol import ControlError
 from jobwarden.daemon.slurmstate import SlurmJob
 from tests.daemon import Daemon, linreg_job
 from tests.helpers import AttemptResult, job, run_worker, wait_until
@@ -86,6 +87,7 @@ def test_stop_commits_through_sigterm_and_resume_continues_exactly(
         lambda status: (status["step"] or 0) >= 7,
         timeout=90,
         what="job long past step 7",
+        retry=(ControlError,),
     )
     shown = wardend.state("long")["process_status"]
     wardend.ask("stop", job="long")
@@ -113,6 +115,7 @@ def test_slurm_requeue_of_a_running_attempt_is_a_preemption(
         lambda status: (status["step"] or 0) >= 6,
         timeout=90,
         what="job rq past step 6",
+        retry=(ControlError,),
     )
     first = json.loads((wardend.job_folder("rq") / "attempts" / "1" / "slurm.json").read_text())[
         "slurm_job"
