@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ def cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     """Rows under a header, each column padded to its widest value."""
     lines = [header, *rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
@@ -51,8 +52,8 @@ def render_status(data: dict[str, Any]) -> str:
     c = data["columns"]
     rows = [
         (
-            c["id"][i],
-            c["state"][i],
+            str(c["id"][i]),
+            str(c["state"][i]),
             str(c["attempt"][i]),
             f"{c['step'][i]}/{c['steps'][i]}",
             duration(c["last_progress_age_s"][i]),

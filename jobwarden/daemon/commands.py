@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 from jobwarden import __version__
 from jobwarden.checkpoint.signing import load_key
 from jobwarden.checkpoint.store import directory_verdicts
-from jobwarden.control.protocol import MAX_INT, PROTOCOL_VERSION, ControlError, is_int
+from jobwarden.control.protocol import PROTOCOL_VERSION, ControlError
 from jobwarden.daemon import metrics, status
+from jobwarden.daemon.arguments import int_arg, job_record
 from jobwarden.daemon.attempt import output_entry, stdout_name
-from jobwarden.daemon.jobs import JobRecord
 from jobwarden.daemon.spool import Rejection, name_problems
 from jobwarden.decoding import loads_json
 from jobwarden.jobfile import NAME_PATTERN
@@ -58,37 +58,6 @@ def handlers(daemon: Wardend) -> dict[str, Handler]:
         **tailing.handlers(daemon),
         **examine.handlers(daemon),
     }
-
-
-def job_record(daemon: Wardend, args: dict[str, Any]) -> JobRecord:
-    """The record named by ``args["job"]``; raises control.no_such_job."""
-    job_id = args.get("job")
-    record = daemon.table.get(job_id) if isinstance(job_id, str) else None
-    if record is None:
-        raise ControlError("control.no_such_job", f"no job {job_id!r:.80}")
-    return record
-
-
-def int_arg(args: dict[str, Any], name: str, default: int, low: int, high: int = MAX_INT) -> int:
-    """An integer argument within [low, high]; raises control.bad_request naming it."""
-    value = args.get(name, default)
-    if not is_int(value) or not low <= value <= high:
-        raise ControlError(
-            "control.bad_request",
-            f"{name} must be an integer from {low} to {high}, not {value!r:.40}",
-        )
-    return int(value)
-
-
-def stop(daemon: Wardend, args: dict[str, Any]) -> Any:
-    """stop job: preempt it; its worker commits its current step, and it waits for resume."""
-    record = job_record(daemon, args)
-    answer = daemon.stop_job(record)
-    if answer is None:
-        raise ControlError(
-            "control.not_running", f"job {record.id} is {record.state.value}; nothing to stop"
-        )
-    return answer
 
 
 def resume(daemon: Wardend, args: dict[str, Any]) -> Any:

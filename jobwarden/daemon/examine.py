@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobwarden.checkpoint.store import NAME, file_name
 from jobwarden.control.protocol import ControlError
+from jobwarden.daemon.arguments import int_arg, job_record
 
 if TYPE_CHECKING:
     from jobwarden.daemon.core import Wardend
@@ -55,8 +56,6 @@ def verify_jobs(candidate: Path, reference: Path) -> dict[str, Any]:
 
 async def inspect_job(daemon: Wardend, args: dict[str, Any]) -> Any:
     """inspect job [step values]: a checkpoint of the job, described and judged."""
-    from jobwarden.daemon.commands import int_arg, job_record
-
     record = job_record(daemon, args)
     step = None if args.get("step") is None else int_arg(args, "step", 0, 0)
     values = args.get("values", False)
@@ -69,8 +68,6 @@ async def inspect_job(daemon: Wardend, args: dict[str, Any]) -> Any:
 
 async def verify_job(daemon: Wardend, args: dict[str, Any]) -> Any:
     """verify job reference: prove the job's run continued the reference job's."""
-    from jobwarden.daemon.commands import job_record
-
     candidate = job_record(daemon, args)
     reference = job_record(daemon, {"job": args.get("reference")})
     loop = asyncio.get_running_loop()

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from jobwarden.control.protocol import ControlError
-from jobwarden.daemon import archive
+from jobwarden.daemon import archive, arguments
 from jobwarden.daemon.jobs import JobRecord
 from jobwarden.daemon.layout import Root
 from jobwarden.states import NEEDS_ATTENTION, TERMINAL, JobState
@@ -112,9 +112,7 @@ class Lifecycle:
     def stop(self, args: dict[str, Any]) -> Any:
         """stop job | jobs | all: preempt (the worker commits its current step)."""
         if "job" in args:  # the single-job form: one answer, or its error
-            from jobwarden.daemon import commands
-
-            return commands.stop(self.daemon, args)
+            return arguments.stop(self.daemon, args)
         return self.each(args, self.stop_one, "stop")
 
     def stop_one(self, record: JobRecord) -> dict[str, Any]:
@@ -203,9 +201,7 @@ class Lifecycle:
 
     def signal(self, args: dict[str, Any]) -> Any:
         """signal job name: send an allowed signal to the job's live worker."""
-        from jobwarden.daemon import commands
-
-        record = commands.job_record(self.daemon, args)
+        record = arguments.job_record(self.daemon, args)
         name = args.get("signal")
         name = name.upper().removeprefix("SIG") if isinstance(name, str) else name
         if name not in SIGNALS:
@@ -251,9 +247,7 @@ class Lifecycle:
 
     async def rejected(self, args: dict[str, Any]) -> Any:
         """rejected [lines]: the newest rejected requests with their problems, newest last."""
-        from jobwarden.daemon import commands
-
-        count = commands.int_arg(args, "lines", 100, 1, REJECTED_LIMIT)
+        count = arguments.int_arg(args, "lines", 100, 1, REJECTED_LIMIT)
         return await to_thread(rejected_requests, self.daemon.root, count)
 
     def _spawn(self, coro: Any) -> None:

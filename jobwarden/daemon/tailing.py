@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from jobwarden.control.protocol import MAX_INT, ControlError
+from jobwarden.daemon.arguments import int_arg, job_record
 from jobwarden.daemon.attempt import output_entry, stdout_name
 from jobwarden.decoding import loads_json
 
@@ -292,8 +293,6 @@ def main_tail(log: Path, count: int, cursor: int | None) -> dict[str, Any]:
 
 def cursor_arg(args: dict[str, Any]) -> dict[str, int] | None:
     """A follow-up's cursor; raises control.bad_request for a malformed one."""
-    from jobwarden.daemon.commands import int_arg
-
     cursor = args.get("cursor")
     if cursor is None:
         return None
@@ -305,8 +304,6 @@ def cursor_arg(args: dict[str, Any]) -> dict[str, int] | None:
 
 async def tail(daemon: Wardend, args: dict[str, Any]) -> Any:
     """tail job [lines attempt stream daemon cursor]: the end of a job's lines, or more."""
-    from jobwarden.daemon.commands import int_arg, job_record
-
     record = job_record(daemon, args)
     count = int_arg(args, "lines", DEFAULT_LINES, 1, MAX_LINES)
     attempt = int_arg(args, "attempt", 0, 0) or None
@@ -341,8 +338,6 @@ async def tail(daemon: Wardend, args: dict[str, Any]) -> Any:
 
 async def maintail(daemon: Wardend, args: dict[str, Any]) -> Any:
     """maintail [lines cursor]: the end of the daemon's own log, or what follows the cursor."""
-    from jobwarden.daemon.commands import int_arg
-
     count = int_arg(args, "lines", DEFAULT_LINES, 1, MAX_LINES)
     cursor = None if args.get("cursor") is None else int_arg(args, "cursor", 0, 0, MAX_INT)
     loop = asyncio.get_running_loop()
