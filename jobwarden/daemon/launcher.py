@@ -133,6 +133,11 @@ class RunningAttempt(abc.ABC):
         """Resource figures (rss_mb, cpu_percent, status, threads, cpu_s), where known."""
         return {}
 
+    def members_view(self) -> dict[str, Any]:
+        """For an attempt of several processes: each member, those not yet ready
+        (``missing``) and the one the others wait for (``stalled_member``); else empty."""
+        return {}
+
     def _ended(self, info: ExitInfo) -> ExitInfo:
         self.exit_info = info
         self.ended.set()

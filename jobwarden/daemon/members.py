@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -38,7 +39,12 @@ from jobwarden.sdk.distributed import COORDINATOR_ENV, PROCESS_ID_ENV, PROCESSES
 
 MEMBER_STOP_GRACE_S = 3.0
 """How long a survivor of a failed member gets after SIGTERM before SIGKILL."""
+MEMBER_SETTLE_S = 0.5
+"""How long after a member's failure the others may end on their own before they are stopped:
+the member that failed first is told from those whose collective it broke."""
 MEMBERS_FILE = "members.json"
+PEER_LOST_MARKS = ("Gloo", "Connection reset by peer", "Connection closed", "coordination service")
+"""What the error of a member whose collective lost a peer says (gloo, the coordinator)."""
 
 Spawn = Callable[[LaunchSpec, str], Awaitable[RunningAttempt]]
 """Start one member: its spec, and the name of its stderr file in the attempt folder."""
@@ -108,7 +114,11 @@ class GroupAttempt(RunningAttempt):
         self.members = [Member(i, running) for i, running in enumerate(members)]
         self.started_mono = time.monotonic()
         self.failed_member: int | None = None
+        self._failing = False
         self._stopping = False
+        self._failures: dict[int, Event] = {}
+        self._ends: list[tuple[int, bool]] = []
+        """(member, whether it ended on its own: not stopped by the group or the daemon)"""
         self._ready: Event | None = None
         self._completed: Event | None = None
         self._held: list[Event] = []
@@ -153,10 +163,10 @@ class GroupAttempt(RunningAttempt):
             out["rss_mb"] = max(rss)
         if all("cpu_s" in s for s in samples):
             out["cpu_s"] = sum(s["cpu_s"] for s in samples)
-        out["members"] = self.view()["members"]
+        out["members"] = self.members_view()["members"]
         return out
 
-    def view(self) -> dict[str, Any]:
+    def members_view(self) -> dict[str, Any]:
         """Every member's line, which are missing (not ready) and which one lags the rest."""
         now = time.monotonic()
         missing = [m.index for m in self.members if not m.ready]
@@ -171,7 +181,7 @@ class GroupAttempt(RunningAttempt):
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to every member (a stop, or a stack dump of all N)."""
-        if signum != 10:  # SIGUSR1 asks for stacks; anything else is a stop
+        if signum != signal.SIGUSR1:  # a stack dump, not a stop
             self._stopping = True
         for member in self.members:
             member.running.signal(signum)
@@ -186,7 +196,13 @@ class GroupAttempt(RunningAttempt):
         """Follow every member until all have ended; the first to fail decides the exit."""
         self._forward = on_event
         await asyncio.gather(*(self._follow(m, on_malformed) for m in self.members))
-        evidence.keep(self.spec.folder / MEMBERS_FILE, json.dumps(self.view(), indent=2) + "\n")
+        self.failed_member = self._first_failure()
+        if self.failed_member is not None and self.failed_member in self._failures:
+            failure = self._failures[self.failed_member]
+            on_event(Event(failure.kind, {**failure.fields, "process": self.failed_member}))
+        evidence.keep(
+            self.spec.folder / MEMBERS_FILE, json.dumps(self.members_view(), indent=2) + "\n"
+        )
         self.events.close()
         return self._ended(self._exit())
 
@@ -196,9 +212,24 @@ class GroupAttempt(RunningAttempt):
                 on_malformed(line)
 
         info = await member.running.follow(lambda e: self._event(member, e), malformed)
-        if info.status != 0 and not self._stopping and self.failed_member is None:
-            self.failed_member = member.index
-            await self._stop_survivors()
+        self._ends.append((member.index, not self._stopping))
+        if info.status != 0 and not self._stopping:
+            self._failing = True
+            await asyncio.sleep(MEMBER_SETTLE_S)  # a peer that died at once ends on its own
+            if not self._stopping:
+                await self._stop_survivors()
+
+    def _first_failure(self) -> int | None:
+        """The member whose failure ended the attempt: the first to end on its own with a
+        failure of its own, before one that only reports a collective broken by a lost peer."""
+        failed = [
+            index
+            for index, alone in self._ends
+            if alone and (self.members[index].running.exit_info or ExitInfo(0, None, 0)).status
+        ]
+        primary = [i for i in failed if not _peer_lost(self._failures.get(i))]
+        chosen = primary or failed
+        return chosen[0] if chosen else None
 
     async def _stop_survivors(self) -> None:
         """SIGTERM, grace, SIGKILL for each member still running."""
@@ -220,12 +251,11 @@ class GroupAttempt(RunningAttempt):
 
     def _event(self, member: Member, event: Event) -> None:
         kind = event.kind
-        if kind == "failed":
-            if self.failed_member is None or self.failed_member == member.index:
-                self.failed_member = member.index
-                self._forward(Event(kind, {**event.fields, "process": member.index}))
+        if kind == "failed":  # forwarded once the first failure is known (`follow`)
+            self._failures[member.index] = event
+            self._failing = True
             return
-        if self.failed_member is not None:
+        if self._failing:
             if member.index == 0 and kind == "checkpoint":
                 self._forward(event)
             return
@@ -269,6 +299,12 @@ class GroupAttempt(RunningAttempt):
         while self._held and self._held[0]["step"] <= slowest:
             event = self._held.pop(0)
             self._forward(self._replaced.pop(event["step"], event))
+
+
+def _peer_lost(failure: Event | None) -> bool:
+    """Whether a member's failure is a collective that lost its peer (a consequence)."""
+    message = "" if failure is None else str(failure.get("message", ""))
+    return any(mark in message for mark in PEER_LOST_MARKS)
 
 
 def _lag_order(member: Member) -> tuple[int, float]:

@@ -244,6 +244,7 @@ class JobSupervisor:
         timeout = sup.startup_timeout_s if startup else attempt.stall.timeout_s
         try:
             attempt.stall_evidence = await stalled.stall_evidence(attempt, phase, gap, timeout)
+            attempt.stall_evidence.update(attempt.running.members_view())
             if record.state in (S.RUNNING, S.STARTING, S.RECOVERING):
                 self.services.table.transition(
                     record,

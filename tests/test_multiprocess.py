@@ -1,0 +1,143 @@
+"""Multi-process jobs through a real wardend: N members joined by jax.distributed, restart-all."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from jobwarden.daemon.launcher import ATTEMPT_ENV
+from tests.daemon import Daemon, linreg_job
+
+pytestmark = pytest.mark.slow
+
+TRAIN = {"seed": 3, "learning_rate": 0.04, "momentum": 0.8, "batch_size": 8}
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """One wardend for the module; each test uses its own job and checkpoint."""
+    base = tmp_path_factory.mktemp("mp")
+    with Daemon(base / "root", base / "cache") as running:
+        yield running
+
+
+def members_alive(job_folder: Path) -> list[int]:
+    """Pids of live processes whose environment names an attempt folder of the job."""
+    prefix = f"{job_folder}{os.sep}attempts{os.sep}"
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(ATTEMPT_ENV, "").startswith(prefix):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def submit(daemon: Daemon, job: str, processes: int = 2, **sections: dict[str, Any]) -> None:
+    run = {"steps": 8, "checkpoint_every": 2, "processes": processes, **sections.pop("run", {})}
+    daemon.drop(f"{job}.toml", linreg_job(job, job, train=TRAIN, run=run, **sections))
+
+
+def settle(daemon: Daemon, job: str, timeout: float = 180) -> dict[str, Any]:
+    """Wait for the job to settle, then check that none of its members outlived it."""
+    status = daemon.wait(job, timeout=timeout)
+    deadline = time.monotonic() + 10
+    while members_alive(daemon.job_folder(job)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert members_alive(daemon.job_folder(job)) == []
+    return status
+
+
+def final_hashes(daemon: Daemon, job: str, attempt: int) -> list[str]:
+    """Each member's ``completed`` state hash in one attempt."""
+    folder = daemon.job_folder(job) / "attempts" / str(attempt)
+    hashes = []
+    for name in ("events.jsonl", "events.1.jsonl"):
+        lines = (folder / name).read_text().splitlines()
+        done = [json.loads(x) for x in lines if '"completed"' in x]
+        hashes.append(done[-1]["state_hash"])
+    return hashes
+
+
+def members_record(daemon: Daemon, job: str, attempt: int) -> dict[str, Any]:
+    path = daemon.job_folder(job) / "attempts" / str(attempt) / "members.json"
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded
+
+
+class TestTwoProcesses:
+    def test_completes_with_both_members_agreeing(self, daemon: Daemon) -> None:
+        """A 2-process job completes; both members end in the same state, each kept apart."""
+        submit(daemon, "mp-ok")
+        assert settle(daemon, "mp-ok")["state"] == "completed"
+        first, second = final_hashes(daemon, "mp-ok", 1)
+        assert first == second
+        record = members_record(daemon, "mp-ok", 1)
+        assert [m["exit_status"] for m in record["members"]] == [0, 0]
+
+    def test_same_hashes_as_single_process_linreg(self, daemon: Daemon) -> None:
+        """Replicated linreg in 2 processes makes the updates a single process makes."""
+        submit(daemon, "mp-one", processes=1)
+        assert settle(daemon, "mp-one")["state"] == "completed"
+        folder = daemon.job_folder("mp-one") / "attempts" / "1"
+        lines = (folder / "events.jsonl").read_text().splitlines()
+        single = [json.loads(x) for x in lines if '"completed"' in x][-1]["state_hash"]
+        assert [single, single] == final_hashes(daemon, "mp-ok", 1)
+
+
+@pytest.mark.parametrize("member", [0, 1])
+def test_crash_of_either_member_restarts_all_verified(daemon: Daemon, member: int) -> None:
+    """A member killed after update 3 fails the attempt; all restart, the replay is verified."""
+    job = f"mp-crash{member}"
+    submit(daemon, job, faults={"crash_after": 3, "process": member})
+    status = settle(daemon, job)
+    assert (status["state"], status["attempt"]) == ("completed", 2)
+    first = members_record(daemon, job, 1)
+    assert member == first["failed_member"]
+    assert first["members"][member]["exit_status"] == -9
+    [incident] = daemon.incidents(job)
+    assert incident["verification"]["verdict"] == "verified"
+    resumed = members_record(daemon, job, 2)["members"][1]
+    assert (resumed["replay_checks"] > 0, resumed["replay_ok"]) == (True, True)
+
+
+def test_stalled_member_is_named(daemon: Daemon) -> None:
+    """Member 1 hangs after update 3: the stall names it, and all restart from step 2."""
+    job = "mp-stall"
+    submit(
+        daemon,
+        job,
+        faults={"stall_at": 3, "stall_seconds": 120, "process": 1},
+        supervision={"stall_timeout_s": 3.0},
+    )
+    status = settle(daemon, job)
+    assert (status["state"], status["attempt"]) == ("completed", 2)
+    [incident] = daemon.incidents(job)
+    assert (incident["kind"], incident["details"]["stalled_member"]) == ("stall", 1)
+    assert incident["details"]["missing"] == []
+
+
+def test_process_count_mismatch_is_refused(daemon: Daemon) -> None:
+    """A 2-process checkpoint resumed by a 4-process job is refused naming both counts."""
+    submit(daemon, "mp-two", run={"steps": 4})
+    assert settle(daemon, "mp-two")["state"] == "completed"
+    text = linreg_job(
+        "mp-four",
+        "mp-two",
+        train=TRAIN,
+        run={"steps": 8, "checkpoint_every": 2, "processes": 4, "resume": "require"},
+    )
+    daemon.drop("mp-four.toml", text)
+    status = settle(daemon, "mp-four")
+    assert status["state"] == "escalated"
+    [incident] = daemon.incidents("mp-four")
+    text = json.dumps(incident)
+    assert "processes (saved '2', running '4')" in text
