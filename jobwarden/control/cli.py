@@ -29,6 +29,7 @@ from jobwarden.control.commands.daemon import (
     cmd_runbook,
     cmd_shutdown,
     cmd_version,
+    cmd_wait_ready,
 )
 from jobwarden.control.commands.drills import cmd_drill
 from jobwarden.control.commands.evidence import cmd_inspect, cmd_verify
@@ -205,6 +206,16 @@ def build_parser() -> argparse.ArgumentParser:
     version = command("version", help="print the version")
     version.add_argument("--json", action="store_true")
     version.set_defaults(func=cmd_version)
+
+    ready = command(
+        "wait-ready",
+        help="wait until the daemon answers, its spool and socket up (exit 1 if not in time)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ready.add_argument("--within", type=float, default=60.0, help="seconds to wait at most")
+    ready.add_argument("-q", "--quiet", action="store_true", help="print nothing when ready")
+    ready.add_argument("--json", action="store_true", help="print as JSON")
+    ready.set_defaults(func=cmd_wait_ready)
     return parser
 
 

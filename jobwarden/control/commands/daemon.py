@@ -162,3 +162,24 @@ def cmd_version(args: argparse.Namespace) -> int:
         ),
     )
     return EXIT_OK
+
+
+def cmd_wait_ready(args: argparse.Namespace) -> int:
+    """Wait until the daemon answers (its spool and socket are up), at most --within seconds."""
+    import time
+
+    from jobwarden.control.client import DaemonBusy, DaemonUnreachable
+
+    deadline = time.monotonic() + args.within
+    while True:
+        try:
+            answer = ask(args, "version")
+        except (DaemonUnreachable, DaemonBusy) as error:
+            if time.monotonic() >= deadline:
+                sys.stderr.write(f"wardenctl: not ready after {args.within:g} s: {error.message}\n")
+                return EXIT_REFUSED
+            time.sleep(0.1)
+            continue
+        if not args.quiet:
+            emit(answer, args.json, lambda d: f"wardend {d['wardend']} ready on {d['root']}")
+        return EXIT_OK

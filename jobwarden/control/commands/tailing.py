@@ -44,7 +44,11 @@ def render_action(record: dict[str, Any]) -> str:
         return f"{head} {record['incident']} {record.get('kind')} {record.get('status')}: " + (
             _value(record["text"] or "-")
         )
-    fields = " ".join(f"{k}={_value(v)}" for k, v in record.items() if k not in HIDDEN_IN_TAIL)
+    fields = " ".join(
+        f"{k}={_value(v)}"
+        for k, v in record.items()
+        if k not in HIDDEN_IN_TAIL and v is not None  # an absent value is left out, never None
+    )
     return f"{head} {fields}".rstrip()
 
 
