@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from jobwarden.checkpoint import lease
 from jobwarden.checkpoint.errors import UnsafeCheckpointDirectory, WriterFenced, WriterLockLost
 from jobwarden.errors import WriterLockedError
 from jobwarden.files import Directory
@@ -47,6 +48,8 @@ class WriterLock:
     fd: int = -1
     generation: int = 0
     handle: Directory | None = None
+    leased: bool = False
+    """Whether this writer also holds `lease` (under Slurm: flock may be node-local)."""
 
     def acquire(self) -> WriterLock:
         """Take the lock without waiting and bump the generation.
@@ -68,6 +71,9 @@ class WriterLock:
             generation = read_generation(handle) + 1
             record = {"generation": generation, "pid": os.getpid(), "acquired": time.time()}
             handle.write_atomic(GENERATION_NAME, (json.dumps(record) + "\n").encode())
+            if lease.wanted(os.environ):
+                lease.take(self.directory, generation, os.environ.get(lease.SLURM_JOB_ENV))
+                self.leased = True
         except BaseException:
             handle.close()
             raise
@@ -104,6 +110,8 @@ class WriterLock:
                 current_generation=current,
                 holder_pid=_recorded_pid(handle),
             )
+        if self.leased:
+            lease.check(self.directory, self.generation)
 
     def release(self) -> None:
         """Drop the lock; the kernel also drops it when the process exits."""
