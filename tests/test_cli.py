@@ -146,3 +146,28 @@ def test_worker_doc_lists_every_error_code_with_its_status() -> None:
     text = (Path(__file__).parent.parent / "docs" / "worker.md").read_text()
     for code, status in worker_exit_statuses().items():
         assert f"| {status} | `{code}` |" in text, code
+
+
+def test_help_lists_every_command_and_each_names_its_defaults() -> None:
+    """`wardenctl help` is the command list; `help CMD` its options, defaults named; an
+    unknown command is a usage error."""
+    listing = ctl("help")
+    assert listing.returncode == 0
+    for name in ("status", "cancel", "remove", "tail", "maintail", "wait-ready", "rejected"):
+        assert name in listing.stdout
+    ready = ctl("help", "wait-ready")
+    assert ready.returncode == 0
+    assert "(default: 60.0)" in ready.stdout
+    assert "None" not in ready.stdout
+    unknown = ctl("help", "stauts")
+    assert unknown.returncode == 2
+    assert "no command 'stauts'" in unknown.stderr
+
+
+def test_a_root_that_is_a_file_is_a_message_not_a_traceback(tmp_path: Path) -> None:
+    """--root naming a file: one line naming the path, exit 1."""
+    (tmp_path / "file").write_text("")
+    done = ctl("--root", str(tmp_path / "file"), "status")
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert str(tmp_path / "file") in done.stderr

@@ -33,11 +33,22 @@ from jobwarden.control.commands.daemon import (
 )
 from jobwarden.control.commands.drills import cmd_drill
 from jobwarden.control.commands.evidence import cmd_inspect, cmd_verify
-from jobwarden.control.commands.output import EXIT_BUSY, EXIT_NO_SUCH, EXIT_REFUSED
+from jobwarden.control.commands.output import EXIT_BUSY, EXIT_NO_SUCH, EXIT_REFUSED, EXIT_USAGE
 from jobwarden.control.protocol import ControlError
 
 DEFAULT_TIMEOUT_S = 10.0
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that names each option's default, unless its text already does or it has none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default in (None, False, argparse.SUPPRESS):
+            return text
+        return f"{text} (default: {default})" if action.option_strings else text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, **options: Any) -> argparse.ArgumentParser:
+        options.setdefault("formatter_class", DefaultsFormatter)
+        options.setdefault("description", options.get("help"))
         return commands.add_parser(name, parents=[selector], **options)
+
+    helper = command("help", help="this list, or one command's options and their defaults")
+    helper.add_argument("topic", nargs="?", metavar="COMMAND")
+    helper.set_defaults(func=lambda args: show_help(parser, commands, args.topic))
 
     status = command("status", help="jobs and their state")
     status.add_argument("job", nargs="?")
@@ -210,13 +227,27 @@ def build_parser() -> argparse.ArgumentParser:
     ready = command(
         "wait-ready",
         help="wait until the daemon answers, its spool and socket up (exit 1 if not in time)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     ready.add_argument("--within", type=float, default=60.0, help="seconds to wait at most")
     ready.add_argument("-q", "--quiet", action="store_true", help="print nothing when ready")
     ready.add_argument("--json", action="store_true", help="print as JSON")
     ready.set_defaults(func=cmd_wait_ready)
     return parser
+
+
+def show_help(
+    parser: argparse.ArgumentParser, commands: argparse._SubParsersAction[Any], topic: str | None
+) -> int:
+    """``wardenctl help [COMMAND]``: the same text as ``--help``."""
+    if topic is None:
+        parser.print_help()
+        return 0
+    chosen = commands.choices.get(topic)
+    if chosen is None:
+        sys.stderr.write(f"wardenctl: no command {topic!r}; `wardenctl help` lists them\n")
+        return EXIT_USAGE
+    chosen.print_help()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     except ControlError as error:
         sys.stderr.write(f"wardenctl: {error.code}: {error.message}\n")
         return EXIT_NO_SUCH if error.code.startswith("control.no_such") else EXIT_REFUSED
+    except OSError as error:  # a file this user may not read, a path that is not a folder...
+        where = f" {error.filename}" if error.filename else ""
+        sys.stderr.write(f"wardenctl: cannot use{where}: {error.strerror or error}\n")
+        return EXIT_REFUSED
     return status
 
 
