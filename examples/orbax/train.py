@@ -49,8 +49,8 @@ def main() -> None:
         import orbax.checkpoint as ocp
 
         trainer = Trainer(config, data)
-        every = run.settings.run.checkpoint_every
-        options = ocp.CheckpointManagerOptions(max_to_keep=run.settings.run.keep_checkpoints)
+        every = run.checkpoint_every
+        options = ocp.CheckpointManagerOptions(max_to_keep=run.keep_checkpoints)
         directory = run.checkpoint_dir or Path("checkpoints").absolute()
         with ocp.CheckpointManager(directory, options=options) as manager:
             state, saved = trainer.init_state, manager.latest_step()

@@ -165,6 +165,27 @@ class Session:
         return self.settings.run.steps
 
     @property
+    def checkpoint_every(self) -> int:
+        """The commit cadence in updates (``[run] checkpoint_every``); an external
+        checkpointer saves on it too, so a drill's restore points are where it expects."""
+        return self.settings.run.checkpoint_every
+
+    @property
+    def keep_checkpoints(self) -> int:
+        """How many committed checkpoints retention keeps (``[run] keep_checkpoints``)."""
+        return self.settings.run.keep_checkpoints
+
+    @property
+    def hash_every(self) -> int:
+        """The state hash cadence in updates (``[run] hash_every``)."""
+        return self.settings.run.hash_every
+
+    @property
+    def job_id(self) -> str:
+        """The job's id: the supervisor's, else ``job_id=``, else the program's name."""
+        return self.identity.job_id
+
+    @property
     def checkpoint_dir(self) -> Path | None:
         """The checkpoint directory this run holds the writer lock of, if any."""
         return self.settings.checkpoint_dir

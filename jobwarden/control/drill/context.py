@@ -16,6 +16,7 @@ from jobwarden.control.drill.daemon import SETTLED_STATES, DaemonHandle
 from jobwarden.control.drill.jobs import DrillJob, DrillJobError
 from jobwarden.control.drill.plan import FaultPoints
 from jobwarden.control.drill.plot import plot_loss
+from jobwarden.control.drill.verdict import Check
 from jobwarden.events import Event, read_events
 
 
@@ -279,6 +280,35 @@ class Drill:
     def plot(self, rows: list[dict[str, Any]], title: str) -> Path | None:
         """loss.svg: the uninterrupted and the restored continuation over the resumed steps."""
         return plot_loss(rows, title, self.out / "loss.svg")
+
+
+def final_check(reference: list[Event], job: list[Event]) -> Check:
+    """Whether the two runs ended in the same state, by what their checkpoints allow.
+
+    jobwarden's checkpoints: the final files hold bit-identical arrays.  A program that
+    keeps its own (``checkpoints = "external"`` in its ``started`` event: Orbax...) leaves
+    no file jobwarden can read, so the ``completed`` events' full-state hashes are compared,
+    and the check says so.
+    """
+    if any(e.kind == "started" and e.get("checkpoints") == "external" for e in job):
+        ends = [_completed_hash(reference), _completed_hash(job)]
+        return Check(
+            "final states are equal (the completed events' state hashes: "
+            "the program keeps its own checkpoints)",
+            ends[0] is not None and ends[0] == ends[1],
+            {"reference_state_hash": ends[0], "resumed_state_hash": ends[1]},
+        )
+    ref_final, job_final = final_file(reference), final_file(job)
+    return Check(
+        "final checkpoints are equal",
+        arrays_equal(ref_final, job_final),
+        {"reference": str(ref_final), "resumed": str(job_final)},
+    )
+
+
+def _completed_hash(events: list[Event]) -> str | None:
+    done = [e for e in events if e.kind == "completed"]
+    return str(done[-1]["state_hash"]) if done else None
 
 
 def final_file(events: list[Event]) -> Path | None:

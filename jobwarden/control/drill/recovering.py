@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from jobwarden.checkpoint.lock import read_generation
-from jobwarden.control.drill.context import Drill, arrays_equal, final_file
+from jobwarden.control.drill.context import Drill, final_check
 from jobwarden.control.drill.verdict import Check, Outcome
 
 # The stall drill's timeout (a user's slower job gets a longer one, `_stall_timeout`), and how
@@ -38,8 +38,6 @@ def _continuation_checks(
     report = drill.verify(reference, job)
     rows = drill.comparison(reference, job)
     status = drill.handle.ask("status", job=job)
-    ref_final = final_file(drill.events(reference))
-    job_final = final_file(events)
     steps = list(range(expected_restore + 1, drill.points.steps + 1))
     first_attempt = next((c for c in report.checks if c.name == "attempt 1: state hashes"), None)
     checks = [
@@ -73,11 +71,7 @@ def _continuation_checks(
                 "failed_verify_checks": [c.name for c in report.checks if not c.ok],
             },
         ),
-        Check(
-            "final checkpoints are equal",
-            arrays_equal(ref_final, job_final),
-            {"reference": str(ref_final), "resumed": str(job_final)},
-        ),
+        final_check(drill.events(reference), events),
         Check(
             "job completed",
             status["state"] == "completed",
