@@ -8,6 +8,7 @@ name what the job runs (its task, or its command); a plain program's are in
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -185,9 +186,13 @@ def prevention(attempt: Attempt, kind: IncidentKind, incident: Incident) -> list
         return plain.prevention(attempt, kind, incident)
     injecting = INJECTED_AS.get(kind, ()) if faults is not None else ()
     set_faults = {k: getattr(faults, k) for k in injecting if getattr(faults, k) is not None}
-    if set_faults:
+    if set_faults and faults is not None:
+        written = ", ".join(
+            f"{name} = {json.dumps(value)}"
+            for name, value in faults.model_dump(exclude_defaults=True).items()
+        )
         lines.append(
-            f"This failure was injected by a drill ([faults] {set_faults}); drill "
+            f"This failure was injected by a drill ([faults] {written}); drill "
             "faults apply to the first attempt only. Nothing to fix in the program; "
             "keep [faults] out of production job files."
         )

@@ -123,7 +123,12 @@ def render_runbook(incident: Incident) -> str:
     else:
         out.append(
             f"Restored step {rp['step']} from `{rp['file']}` (checksum "
-            f"`{rp.get('checksum', '?')}`, writer generation {rp.get('writer_generation')})."
+            f"`{rp.get('checksum', '-')}`"
+            + (
+                f", writer generation {rp['writer_generation']})."
+                if rp.get("writer_generation") is not None
+                else ")."
+            )
         )
         out.append("It was valid because it passed every check: " + ", ".join(rp["checks"]) + ".")
         for skipped in rp.get("skipped", []):
@@ -138,8 +143,12 @@ def render_runbook(incident: Incident) -> str:
         "",
         "## Work replayed",
         "",
-        ("Update " if len(incident.replayed_steps) == 1 else "Updates ")
-        + _step_list(incident.replayed_steps)
+        (
+            "No update was done again: the failure came right after the restored checkpoint"
+            if not incident.replayed_steps
+            else ("Update " if len(incident.replayed_steps) == 1 else "Updates ")
+            + _step_list(incident.replayed_steps)
+        )
         + (
             f"; time lost {incident.time_lost_s:.2f} s from the failed attempt's last "
             "progress to the first new update past it."

@@ -46,6 +46,13 @@ __all__ = [
 JOBS_PER_DRILL = 2
 
 
+AS_DESIGNED = {
+    "incompatible": "refused as designed",
+    "duplicate-writer": "the second writer refused as designed",
+}
+"""The verdict of a drill that by design recovers nothing: what it proves instead."""
+
+
 def run_drills(
     names: list[str],
     root: Path | None,
@@ -155,7 +162,7 @@ def render(result: DrillResult) -> str:
         shown = ", ".join(
             f"{k}={v}"
             for k, v in check.observed.items()
-            if not isinstance(v, dict | list) or len(str(v)) < 120
+            if v is not None and (not isinstance(v, dict | list) or len(str(v)) < 120)
         )
         lines.append(
             f"  [{'ok' if check.ok else 'FAIL'}] {check.name}" + (f": {shown}" if shown else "")
@@ -181,6 +188,10 @@ def render(result: DrillResult) -> str:
     lines.append(f"evidence: {result.out}")
     lines.append(
         "verdict: "
-        + ("PASS, recovery verified" if result.ok else f"FAIL: {'; '.join(result.failed)}")
+        + (
+            f"PASS, {AS_DESIGNED.get(result.drill, 'recovery verified')}"
+            if result.ok
+            else f"FAIL: {'; '.join(result.failed)}"
+        )
     )
     return "\n".join(lines)
