@@ -141,3 +141,26 @@ def test_process_count_mismatch_is_refused(daemon: Daemon) -> None:
     [incident] = daemon.incidents("mp-four")
     text = json.dumps(incident)
     assert "processes (saved '2', running '4')" in text
+
+
+@pytest.mark.parametrize(
+    ("fault", "member", "restored"),
+    [
+        ({"crash_after": 3}, 1, 2),  # a member dies before the step-4 hash comparison
+        ({"stall_at": 3, "stall_seconds": 120}, 1, 2),  # ... or hangs before it, then is killed
+        ({"crash_in_commit": 4}, 0, 2),  # member 0 dies with step 4 durable but not in place
+        ({"crash_after": 4}, 0, 4),  # ... or just after step 4 is committed
+    ],
+)
+def test_kill_at_each_commit_phase_resumes_from_the_last_complete_step(
+    daemon: Daemon, fault: dict[str, Any], member: int, restored: int
+) -> None:
+    """Whichever member dies at whichever phase of a commit, all resume from the newest
+    complete step and verify."""
+    job = f"mp-phase-{next(iter(fault))}-{member}".replace("_", "-")
+    submit(daemon, job, faults={**fault, "process": member}, supervision={"stall_timeout_s": 3.0})
+    status = settle(daemon, job)
+    assert (status["state"], status["attempt"]) == ("completed", 2)
+    [incident] = daemon.incidents(job)
+    assert incident["recovery_point"]["step"] == restored
+    assert incident["verification"]["verdict"] == "verified"
