@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import datetime
 import json
-import time
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+
+def iso_time(seconds: float) -> str:
+    """Epoch seconds as ISO 8601 in the local zone, with its offset: 2026-12-02T01:20:47+00:00."""
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC).astimezone()
+    return moment.isoformat(timespec="seconds")
 
 
 def duration(seconds: float | None) -> str:
@@ -122,7 +128,7 @@ def render_incidents(data: list[dict[str, Any]]) -> str:
 
 def render_event(event: dict[str, Any]) -> str:
     """One event as a readable line."""
-    stamp = time.strftime("%H:%M:%S", time.localtime(event.get("time", 0)))
+    stamp = iso_time(event.get("time") or 0)
     kind = event.get("event", "?")
     skip = {"v", "event", "time", "attempt", "components", "runtime", "traceback"}
     fields = " ".join(f"{k}={_short(v)}" for k, v in event.items() if k not in skip)

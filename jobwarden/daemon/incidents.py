@@ -73,7 +73,9 @@ def _step_list(steps: list[int]) -> str:
 
 def render_runbook(incident: Incident) -> str:
     """The incident as an operator's runbook, every section from recorded facts."""
-    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(incident.opened))
+    when = datetime.datetime.fromtimestamp(incident.opened, datetime.UTC).isoformat(
+        timespec="seconds"
+    )
     out = [
         f"# Incident {incident.id}: {incident.kind} of job {incident.job}",
         "",

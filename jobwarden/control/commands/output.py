@@ -10,6 +10,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from jobwarden.control.tables import iso_time
+
 EXIT_OK = 0
 EXIT_REFUSED = 1  # the daemon is not reachable or refused the request; a check did not hold
 EXIT_USAGE = 2
@@ -18,6 +20,27 @@ EXIT_NO_SUCH = 4
 EXIT_BUSY = 5  # the daemon is there but did not take or answer the request in time
 
 
+TIME_KEYS = frozenset({"time", "opened", "closed", "started", "ended", "archived", "submitted"})
+"""Fields that hold epoch seconds; JSON output gives each an ISO 8601 twin, ``<key>_iso``."""
+
+
+def with_iso_times(data: Any) -> Any:
+    """``data`` with an ISO 8601 twin beside every epoch-seconds field of `TIME_KEYS`."""
+    if isinstance(data, list):
+        return [with_iso_times(item) for item in data]
+    if not isinstance(data, dict):
+        return data
+    out = {}
+    for key, value in data.items():
+        out[key] = with_iso_times(value)
+        plain = isinstance(value, int | float) and not isinstance(value, bool)
+        if key in TIME_KEYS and plain and value > 0 and f"{key}_iso" not in data:
+            out[f"{key}_iso"] = iso_time(value)
+    return out
+
+
 def emit(data: Any, as_json: bool, text: Callable[[Any], str]) -> None:
-    """Write ``data`` to stdout as indented JSON, or as ``text`` renders it."""
-    sys.stdout.write((json.dumps(data, indent=2, default=str) if as_json else text(data)) + "\n")
+    """Write ``data`` to stdout as indented JSON (epoch times with ISO 8601 twins), or as
+    ``text`` renders it."""
+    shown = json.dumps(with_iso_times(data), indent=2, default=str) if as_json else text(data)
+    sys.stdout.write(shown + "\n")

@@ -19,7 +19,7 @@ from typing import Any
 
 from jobwarden.control.commands.daemon import RESTING_STATES, ask
 from jobwarden.control.commands.output import EXIT_OK
-from jobwarden.control.tables import render_event
+from jobwarden.control.tables import iso_time, render_event
 
 FOLLOW_PAUSE_S = 0.25
 HIDDEN = frozenset({"timestamp", "time", "level", "event"})
@@ -34,7 +34,7 @@ def _value(value: Any) -> str:
 
 def render_action(record: dict[str, Any]) -> str:
     """One of the daemon's actions for a job, as a tail line."""
-    stamp = time.strftime("%H:%M:%S", time.localtime(record.get("time") or 0))
+    stamp = iso_time(record.get("time") or 0)
     attempt = record.get("attempt")
     head = f"#{attempt if attempt else '-'} {stamp} wardend {record.get('event', '?')}"
     if record.get("event") == "job.transition":
