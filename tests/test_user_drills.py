@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from jobwarden.control.drill.context import DrillParams
+from jobwarden.control.drill.context import DrillParams, final_check
 from jobwarden.control.drill.jobs import DrillJobError, default_job, load_job_file
 from jobwarden.control.drill.plan import DrillPlanError, FaultPoints, checkpoint_steps, plan
 from jobwarden.control.drill.setup import prepare
+from jobwarden.events import Event
 from jobwarden.jobfile import RunSection
 
 WARDENCTL = [sys.executable, "-m", "jobwarden.control.cli"]
@@ -194,6 +195,35 @@ class TestDrillJob:
             load_job_file(command_job(tmp_path, "plain", "train.py", sdk=False))
         assert "sdk = false" in caught.value.problems[0]
         assert "no state hashes" in caught.value.problems[0]
+
+
+class TestFinalCheck:
+    """How a drill compares the two runs' ends: checkpoint files, or for an external
+    checkpointer the completed events' state hashes."""
+
+    @staticmethod
+    def run(checkpoints: str, final_hash: str, file: str = "") -> list[Event]:
+        """The started and completed events of one run."""
+        return [
+            Event("started", {"checkpoints": checkpoints}),
+            Event("completed", {"step": 9, "state_hash": final_hash, "file": file}),
+        ]
+
+    def test_an_external_checkpointer_is_compared_by_its_final_state_hash(self) -> None:
+        """Equal hashes pass, a different one fails, and the check says what it compared."""
+        same = final_check(self.run("external", "aa"), self.run("external", "aa"))
+        other = final_check(self.run("external", "aa"), self.run("external", "bb"))
+        assert (same.ok, other.ok) == (True, False)
+        assert "state hashes" in same.name
+        assert other.observed == {"reference_state_hash": "aa", "resumed_state_hash": "bb"}
+
+    def test_jobwardens_checkpoints_are_compared_by_their_files(self, tmp_path: Path) -> None:
+        """Equal hashes do not make up for final checkpoint files that cannot be read."""
+        missing = str(tmp_path / "ckpt-00000009.safetensors")
+        check = final_check(
+            self.run("jobwarden", "aa", missing), self.run("jobwarden", "aa", missing)
+        )
+        assert (check.name, check.ok) == ("final checkpoints are equal", False)
 
 
 def test_drilling_a_program_without_the_sdk_is_refused(tmp_path: Path) -> None:
