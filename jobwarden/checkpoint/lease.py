@@ -39,6 +39,7 @@ class LeaseLost(WriterFenced):
     writer took the directory, and this one must not commit."""
 
     code = "writer.lease_lost"
+    exit_status = 35
 
 
 @dataclass(frozen=True)
