@@ -4,6 +4,7 @@ reached, a nondeterministic data order caught and named, a plain program's heart
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import random
 import re
@@ -20,6 +21,7 @@ from jobwarden.checkpoint import format
 from jobwarden.control import verify
 from jobwarden.jobfile import FaultSection, job_from_mapping, load_document
 from jobwarden.sdk.settings import RUN_FILE_ENV, RunFile
+from tests.daemon import Daemon
 from tests.helpers import AttemptResult, kinds
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -165,6 +167,38 @@ def test_orbax_checkpoints_resume_after_a_crash_verified_from_state_hashes(
     assert report.replayed_steps == list(range(restored["step"] + 1, 61))
     assert not list(ck.glob("*.safetensors"))
     assert {"40", "50", "60"} <= {p.name for p in ck.iterdir() if p.is_dir()}
+
+
+@pytest.mark.slow
+def test_orbax_job_file_under_wardend_crashes_and_its_replay_is_verified_by_the_daemon(
+    compile_cache: Path, tmp_path: Path
+) -> None:
+    """examples/orbax/job.toml dropped into a real wardend's spool with a crash at a seeded
+    random update: the daemon restarts it, Orbax restores its newest finished save, and the
+    daemon's incident is concluded verified from the logged state hashes; the job completes."""
+    require(*EXTRA, "orbax.checkpoint")
+    fault = fault_step("orbax under wardend", 21, 59)
+    document = load_document(EXAMPLES / "orbax" / "job.toml")
+    document["command"] = [sys.executable, *document["command"][1:]]  # this interpreter
+    document["env"] = {"PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ left in examples/
+    document["faults"] = {"crash_after": fault}
+    with Daemon(tmp_path / "root", compile_cache) as daemon:
+        daemon.drop("orbax.json", json.dumps(document))
+        status = daemon.wait("orbax", timeout=600)
+        incidents = daemon.incidents("orbax")
+        resumed = daemon.events("orbax", 2)
+    assert (status["state"], status["attempt"], status["step"]) == ("completed", 2, 60)
+    (incident,) = incidents
+    assert (incident["kind"], incident["status"]) == ("crash", "verified"), incident["outcome"]
+    restored = next(e for e in resumed if e["event"] == "restored")
+    last_save = fault // 10 * 10  # still in flight when the process was killed, perhaps
+    assert restored["step"] in (last_save, last_save - 10)
+    assert (restored["checks"], restored["checkpointer"]) == ([], "external")
+    checked = [c["step"] for c in incident["verification"]["checks"]]
+    assert checked == list(range(restored["step"], fault + 1))
+    ck = tmp_path / "root" / "checkpoints" / "orbax"
+    assert not list(ck.glob("*.safetensors"))
+    assert "60" in {p.name for p in ck.iterdir() if p.is_dir()}
 
 
 @pytest.mark.slow
