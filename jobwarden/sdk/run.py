@@ -153,7 +153,9 @@ class Run(Session):
                 self._preempt()
                 return
             self.faults.before_update(self._step)
-            self._pending = self._step + 1
+            # The update's input is the program's now: let it be freed as soon as the
+            # program lets go of it (while the update runs), as a bare loop frees it.
+            self._pending, self._state = self._step + 1, None
             self._yielded_at = time.perf_counter()
             yield self._pending
             if self._pending is not None:
