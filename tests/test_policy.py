@@ -19,7 +19,7 @@ from jobwarden.daemon.policy import (
     Restart,
     StopReason,
 )
-from jobwarden.errors import PreemptedExit
+from jobwarden.errors import JobFileError, PreemptedExit
 from jobwarden.jobfile import job_from_mapping
 
 K = IncidentKind
@@ -185,19 +185,26 @@ class TestPlainProgram:
 
 
 class TestBudget:
-    def test_first_restart_waits_the_base_backoff(self) -> None:
-        """Restart 1 waits restart_backoff_s."""
+    def test_first_restart_is_immediate(self) -> None:
+        """Restart 1 of a streak waits for nothing, whatever restart_backoff_s is."""
         outcome = decide(AttemptReport(1), 1, record(restarts=0, restart_backoff_s=0.5))
-        assert Restart(0.5, "crash of attempt 1; restart 1 in 0.50 s", K.CRASH) == outcome
+        assert Restart(0.0, "crash of attempt 1; restart 1 at once", K.CRASH, 1) == outcome
 
-    def test_backoff_doubles_per_restart(self) -> None:
-        """0.5, 1, 2, 4 s for restarts 1..4."""
-        delays = []
-        for used in range(4):
-            outcome = decide(AttemptReport(used + 1), 1, record(restarts=used, max_restarts=9))
+    def test_later_restarts_back_off_from_the_base(self) -> None:
+        """The second restart in a row waits restart_backoff_s, and says so."""
+        outcome = policy.decide(record(restarts=1), AttemptReport(2), exited(1), streak=1)
+        assert Restart(0.5, "crash of attempt 2; restart 2 in 0.50 s", K.CRASH, 2) == outcome
+
+    def test_backoff_doubles_per_restart_in_a_row(self) -> None:
+        """0, 0.5, 1, 2, 4 s for restarts 1..5 of quick failures."""
+        delays, streak, rec = [], 0, record(max_restarts=9)
+        for used in range(5):
+            rec.restarts = used
+            outcome = policy.decide(rec, AttemptReport(used + 1), exited(1), streak)
             assert isinstance(outcome, Restart)
             delays.append(outcome.delay_s)
-        assert delays == [0.5, 1.0, 2.0, 4.0]
+            streak = outcome.streak
+        assert delays == [0.0, 0.5, 1.0, 2.0, 4.0]
 
     def test_last_restart_within_budget_is_granted(self) -> None:
         """restarts == max_restarts - 1 still restarts."""
@@ -243,3 +250,94 @@ class TestAdmitAndLimits:
         """max_rss_mb is off unless a job sets it: no rss ever stops a worker then."""
         assert record().job.supervision.max_rss_mb is None
         assert not policy.over_memory_limit(10**7, None)
+
+
+class TestBackoff:
+    """The exponential backoff, its cap and its reset: pure functions of counts and times."""
+
+    @pytest.mark.parametrize(
+        ("streak", "expected"), [(0, 0.0), (1, 0.5), (2, 1.0), (3, 2.0), (7, 30.0), (60, 30.0)]
+    )
+    def test_backoff_s_doubles_up_to_the_cap(self, streak: int, expected: float) -> None:
+        """None for the first, then base * 2^(n-1), never above the cap."""
+        assert expected == policy.backoff_s(streak, 0.5, 30.0)
+
+    def test_the_cap_applies_in_decide(self) -> None:
+        """restart_backoff_max_s bounds the wait of a long streak."""
+        rec = record(restarts=5, max_restarts=9, restart_backoff_max_s=1.5)
+        outcome = policy.decide(rec, AttemptReport(6), exited(1), streak=5)
+        assert isinstance(outcome, Restart)
+        assert (outcome.delay_s, outcome.streak) == (1.5, 6)
+
+    def test_a_healthy_run_resets_the_backoff(self) -> None:
+        """An attempt that ran restart_reset_after_s is restarted at once, a new streak."""
+        rec = record(restarts=4, max_restarts=9, restart_reset_after_s=10.0)
+        outcome = policy.decide(rec, AttemptReport(5), ExitInfo.from_status(-9, 10.0), streak=4)
+        assert Restart(0.0, "crash of attempt 5; restart 5 at once", K.CRASH, 1) == outcome
+
+    def test_a_run_just_short_of_the_reset_keeps_backing_off(self) -> None:
+        """9.99 s of a 10 s reset is not healthy: the streak goes on."""
+        rec = record(restarts=2, max_restarts=9, restart_reset_after_s=10.0)
+        outcome = policy.decide(rec, AttemptReport(3), ExitInfo.from_status(-9, 9.99), streak=2)
+        assert isinstance(outcome, Restart)
+        assert (outcome.delay_s, outcome.streak) == (1.0, 3)
+
+    def test_the_reset_does_not_refill_the_restart_budget(self) -> None:
+        """max_restarts counts every restart: a healthy run resets the wait, not the budget."""
+        rec = record(restarts=3, max_restarts=3)
+        outcome = policy.decide(rec, AttemptReport(4), ExitInfo.from_status(1, 3600.0), streak=0)
+        assert Fail("crash; max_restarts exhausted", K.CRASH) == outcome
+
+    @pytest.mark.parametrize(("previous", "ran_s", "expected"), [(3, 0.2, 3), (3, 10.0, 0)])
+    def test_streak_of(self, previous: int, ran_s: float, expected: int) -> None:
+        """The streak survives a short run and ends at restart_reset_after_s."""
+        assert expected == policy.streak_of(previous, ran_s, 10.0)
+
+    def test_defaults(self) -> None:
+        """0.5 s base, 30 s cap, reset after 10 s, no fatal exit codes."""
+        sup = record().job.supervision
+        expected = (0.5, 30.0, 10.0, ())
+        actual = (
+            sup.restart_backoff_s,
+            sup.restart_backoff_max_s,
+            sup.restart_reset_after_s,
+            sup.fatal_exit_codes,
+        )
+        assert expected == actual
+
+
+class TestFatalExitCodes:
+    """RestartPreventExitStatus-style rules: the listed exits fail the job, unrestarted."""
+
+    def test_a_listed_exit_fails_with_restarts_left(self) -> None:
+        """Exit 3 in fatal_exit_codes fails the job although restarts remain."""
+        outcome = decide(AttemptReport(1), 3, record(fatal_exit_codes=[3, 4]))
+        assert Fail("crash; exit status 3 is in fatal_exit_codes", K.CRASH) == outcome
+
+    def test_an_unlisted_exit_restarts(self) -> None:
+        """Exit 5 is not listed: restarted as any crash."""
+        assert isinstance(decide(AttemptReport(1), 5, record(fatal_exit_codes=[3, 4])), Restart)
+
+    def test_a_kill_by_signal_is_never_fatal(self) -> None:
+        """A negative status (killed by a signal) is not an exit code."""
+        assert isinstance(decide(AttemptReport(1), -9, record(fatal_exit_codes=[9])), Restart)
+
+    def test_an_exit_after_the_daemons_own_stop_keeps_its_kind(self) -> None:
+        """A stalled worker stopped by the daemon is a stall, whatever status it exits with."""
+        outcome = decide(
+            AttemptReport(1, stopped_by=StopReason.STALL), 75, record(fatal_exit_codes=[75])
+        )
+        assert isinstance(outcome, Restart)
+        assert outcome.kind == K.STALL
+
+    def test_an_escalating_refusal_stays_an_escalation(self) -> None:
+        """A worker's refusal a restart cannot mend escalates even when its status is listed."""
+        report = AttemptReport(1, failure_code="checkpoint.config", failure_message="m")
+        outcome = decide(report, 25, record(fatal_exit_codes=[25]))
+        assert isinstance(outcome, Escalate)
+
+    @pytest.mark.parametrize("bad", [[0], [256], ["3"], 3])
+    def test_invalid_codes_are_refused(self, bad: object) -> None:
+        """Codes are integers 1..255 in a list."""
+        with pytest.raises(JobFileError, match="fatal_exit_codes"):
+            record(fatal_exit_codes=bad)

@@ -16,8 +16,13 @@ The rules, in the order they apply:
 4. anything else is a failure of some `IncidentKind` (`classify`):
    - kinds a restart cannot mend (an incompatible or exhausted checkpoint
      directory, a duplicate writer, an invalid request...): `Escalate`;
+   - an exit status the job lists in ``fatal_exit_codes`` (systemd's
+     ``RestartPreventExitStatus=``), of an attempt the daemon did not stop: `Fail`;
    - the restart budget is spent: `Fail`;
-   - otherwise `Restart` after an exponential backoff.
+   - otherwise `Restart`: at once for the first restart of a streak, then after
+     ``restart_backoff_s`` doubled per restart, capped at ``restart_backoff_max_s``.
+     A streak is the run of restarts with no healthy attempt between: an attempt
+     that ran ``restart_reset_after_s`` or longer starts a new one (`streak_of`).
 """
 
 from __future__ import annotations
@@ -148,6 +153,8 @@ class Restart:
     delay_s: float
     reason: str
     kind: IncidentKind
+    streak: int = 1
+    """Restarts in a row without a healthy attempt between, this one included."""
 
 
 @dataclass(frozen=True)
@@ -195,13 +202,23 @@ def classify(report: AttemptReport, status: int) -> IncidentKind:
     return K.CRASH
 
 
-def backoff_s(restarts_used: int, base_s: float) -> float:
-    """The wait before restart number ``restarts_used + 1``: ``base_s`` doubled per restart."""
-    return float(base_s * 2**restarts_used)
+def backoff_s(streak: int, base_s: float, max_s: float) -> float:
+    """The wait before a restart that follows ``streak`` restarts in a row: none for the
+    first, then ``base_s`` doubled per restart, never more than ``max_s``."""
+    if streak <= 0:
+        return 0.0
+    return float(min(max_s, base_s * 2 ** (streak - 1)))
 
 
-def decide(record: JobRecord, report: AttemptReport, exit: ExitInfo) -> Outcome:
-    """What follows the end of ``report``'s attempt of ``record``'s job (the rules above)."""
+def streak_of(previous: int, ran_s: float, reset_after_s: float) -> int:
+    """The restarts in a row before this one: ``previous``, or none when the attempt that
+    ended ran ``reset_after_s`` or longer (a healthy run resets the backoff)."""
+    return 0 if ran_s >= reset_after_s else previous
+
+
+def decide(record: JobRecord, report: AttemptReport, exit: ExitInfo, streak: int = 0) -> Outcome:
+    """What follows the end of ``report``'s attempt of ``record``'s job (the rules above);
+    ``streak`` is the restarts in a row so far (`Restart.streak` of the last restart)."""
     stopped_by, step = report.stopped_by, record.step
     if stopped_by is StopReason.MISMATCH:
         return Escalate(f"replay mismatch at step {report.mismatch_step}", K.REPLAY_MISMATCH)
@@ -218,13 +235,18 @@ def decide(record: JobRecord, report: AttemptReport, exit: ExitInfo) -> Outcome:
     if kind in ESCALATING_KINDS:
         return Escalate(f"{kind}: {report.failure_message or ''}", kind)
     supervision = record.job.supervision
+    if stopped_by is None and exit.status in supervision.fatal_exit_codes:
+        return Fail(f"{kind}; exit status {exit.status} is in fatal_exit_codes", kind)
     if record.restarts >= supervision.max_restarts:
         return Fail(f"{kind}; max_restarts exhausted", kind)
-    delay = backoff_s(record.restarts, supervision.restart_backoff_s)
+    before = streak_of(streak, exit.duration_s, supervision.restart_reset_after_s)
+    delay = backoff_s(before, supervision.restart_backoff_s, supervision.restart_backoff_max_s)
+    when = f"in {delay:.2f} s" if delay > 0 else "at once"
     return Restart(
         delay,
-        f"{kind} of attempt {report.number}; restart {record.restarts + 1} in {delay:.2f} s",
+        f"{kind} of attempt {report.number}; restart {record.restarts + 1} {when}",
         kind,
+        before + 1,
     )
 
 

@@ -76,6 +76,8 @@ class JobSupervisor:
         self.refusal: UnsafePathError | None = None
         """A path the daemon must write for this job is unsafe: the job ends escalated."""
         self.refused = False
+        self.streak = 0
+        """Restarts in a row without a healthy attempt (`policy.streak_of`), for the backoff."""
 
     # ---- starting attempts
 
@@ -331,7 +333,7 @@ class JobSupervisor:
         if self.refusal is not None:
             self.refuse_unsafe(self.refusal)
             return
-        self.apply(policy.decide(record, attempt.report(), info), attempt, info)
+        self.apply(policy.decide(record, attempt.report(), info, self.streak), attempt, info)
 
     def apply(
         self, outcome: Outcome, attempt: Attempt | None = None, info: ExitInfo | None = None
@@ -348,6 +350,7 @@ class JobSupervisor:
             case policy.Escalate(kind=K.REPLAY_MISMATCH) if attempt and attempt.verifier:
                 outcomes.escalate_mismatch(s, record, outcome, attempt.verifier.incident)
             case policy.Restart() if attempt and info:
+                self.streak = outcome.streak
                 incident = outcomes.failure(s, record, outcome, attempt, info)
                 plan = ReplayPlan.from_events(attempt.number, attempt.folder / "events.jsonl")
                 self._restart_later(ReplayVerifier(plan, incident), outcome.delay_s)
