@@ -12,6 +12,7 @@ from jobwarden.checkpoint.signing import load_key
 from jobwarden.daemon import exporter, hooks, launcher, lifecycle, logs
 from jobwarden.daemon.core import Options, Wardend
 from jobwarden.daemon.layout import Root
+from jobwarden.daemon.local import LocalLauncher
 from jobwarden.errors import JobwardenError
 
 
@@ -108,6 +109,12 @@ def parser() -> argparse.ArgumentParser:
         "(for node_exporter's textfile collector: name it *.prom)",
     )
     ap.add_argument(
+        "--no-warm-spare",
+        action="store_true",
+        help="start every attempt cold: no pre-started worker per task (local launcher; "
+        "default: one warm spare per task and configuration, docs/daemon.md)",
+    )
+    ap.add_argument(
         "--keep-finished",
         type=int,
         metavar="N",
@@ -123,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         chosen = launcher.load(args.launcher)
+        if args.no_warm_spare and isinstance(chosen, LocalLauncher):
+            chosen.spares = None
         if args.signing_key is not None:
             load_key(args.signing_key.absolute())
         notify = hooks.Settings(

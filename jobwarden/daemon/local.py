@@ -30,6 +30,7 @@ from jobwarden.daemon.launcher import (
     suppress_gone,
 )
 from jobwarden.daemon.members import GroupAttempt
+from jobwarden.daemon.spare import SparePool
 from jobwarden.worker.runtime import SUPERVISOR_ENV
 
 log = structlog.get_logger("wardend.local")
@@ -78,6 +79,10 @@ class LocalLauncher(Launcher):
 
     name = "local"
 
+    def __init__(self, warm_spare: bool = True) -> None:
+        self.spares = SparePool() if warm_spare else None
+        """Warm spares for built-in task jobs (`jobwarden.daemon.spare`); None: always cold."""
+
     async def wait_orphan(self, pid: int, started: float | None) -> None:
         """Poll the old worker until it exits (it sees its stdout break, commits and leaves);
         SIGKILL its group after `ORPHAN_WAIT_S`.  A pid reused by another process counts
@@ -117,6 +122,8 @@ class LocalLauncher(Launcher):
         members for ``processes = N`` (`jobwarden.daemon.members`)."""
         if spec.processes > 1:
             return await GroupAttempt.start(spec, self.spawn)
+        if self.spares is not None:
+            return await self.spares.start(spec, self.spawn, LocalAttempt)
         return await self.spawn(spec, "stderr.log")
 
     async def spawn(self, spec: LaunchSpec, stderr_name: str) -> LocalAttempt:

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobwarden import sdk
 from jobwarden import state as state_tree
 from jobwarden.hashing import leaves_digest
 from jobwarden.jobfile import Job
+
+if TYPE_CHECKING:
+    from jobwarden.worker.spare import Warm
 
 
 def source_files(job: Job) -> list[Path]:
@@ -30,10 +33,14 @@ def run_job(
     directory: Path,
     compile_cache: Path | None = None,
     signing_key: Path | None = None,
+    warm: Warm | None = None,
 ) -> int:
-    """Run one attempt of ``job`` on ``directory``; returns the exit status (docs/worker.md)."""
+    """Run one attempt of ``job`` on ``directory``; returns the exit status (docs/worker.md).
+
+    ``warm``: the data and compiled update a warm spare prepared (`jobwarden.worker.spare`).
+    """
     task = job.task_instance()
-    data = functools.cache(task.data)
+    data = functools.cache(task.data) if warm is None else (lambda: warm.data)
 
     def data_hash() -> str:
         return leaves_digest(state_tree.flatten(data()))
@@ -55,17 +62,19 @@ def run_job(
     )
     try:
         with run:
-            _train(run, task.init_state(data()), task.update(data()), task.examples_per_update())
+            update = task.update(data()) if warm is None else None
+            step = None if warm is None else warm.step
+            _train(run, task.init_state(data()), update, task.examples_per_update(), step)
     except sdk.RunEnded as ended:
         return ended.exit_status
     return 0
 
 
-def _train(run: sdk.Run, init_state: Any, update: Any, examples: int) -> None:
+def _train(run: sdk.Run, init_state: Any, update: Any, examples: int, jitted: Any) -> None:
     import jax
 
     state = run.restore(init_state)
-    step_fn = jax.jit(update)
+    step_fn = jax.jit(update) if jitted is None else jitted
     jax.block_until_ready(step_fn(state))  # type: ignore[no-untyped-call]
     for step in run.steps(state):
         state, loss = step_fn(state)
