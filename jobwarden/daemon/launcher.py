@@ -203,6 +203,12 @@ class Launcher(abc.ABC):
         """After the daemon's own restart: return once an attempt it started before
         (``pid``, started at ``started``) has gone, ending it if it outlives the wait."""
 
+    async def adopt(self, spec: LaunchSpec) -> RunningAttempt | None:
+        """After the daemon's own restart: follow again the attempt ``spec`` names (argv and
+        env left empty) when the launcher can find it (a Slurm job by its recorded id);
+        None when it cannot, and the daemon recovers by a new attempt."""
+        return None
+
     def find_orphans(self, job_folder: Path) -> list[tuple[int, float | None]]:
         """After the daemon's own restart: (pid, start time) of each process still running
         an attempt of the job whose folder is ``job_folder``, found without a saved pid.

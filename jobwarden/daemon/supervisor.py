@@ -24,11 +24,11 @@ from typing import Any
 import structlog
 
 from jobwarden import testfaults
-from jobwarden.daemon import diagnosis, evidence, outcomes, policy, stalled
+from jobwarden.daemon import adoption, diagnosis, evidence, outcomes, policy, stalled
 from jobwarden.daemon.attempt import Attempt, prepare
 from jobwarden.daemon.incidents import Incident, IncidentLog
 from jobwarden.daemon.jobs import JobRecord, JobTable
-from jobwarden.daemon.launcher import ExitInfo, Launcher, LauncherError
+from jobwarden.daemon.launcher import ExitInfo, Launcher, LauncherError, RunningAttempt
 from jobwarden.daemon.layout import Root
 from jobwarden.daemon.policy import IncidentKind, Outcome, StopReason
 from jobwarden.daemon.recovery import ReplayPlan
@@ -43,6 +43,7 @@ log = structlog.get_logger("wardend.supervisor")
 
 S = JobState
 K = IncidentKind
+Verifier = ReplayVerifier | None
 
 
 @dataclass
@@ -114,14 +115,12 @@ class JobSupervisor:
             log.error("attempt.launch_failed", job=record.id, attempt=number, error=str(error))
             self._settle_as(S.FAILED, f"attempt {number} could not be launched: {error}")
             return
-        attempt = Attempt(
-            record,
-            number,
-            running,
-            StallWatch(s.clock, lambda phase, gap: self._on_stall(attempt, phase, gap)),
-            verifier,
-        )
-        self.attempt = attempt
+        self._begin(number, running, verifier)
+
+    def _begin(self, number: int, running: RunningAttempt, verifier: Verifier) -> None:
+        s, record = self.services, self.record
+        stall = StallWatch(s.clock, lambda phase, gap: self._on_stall(attempt, phase, gap))
+        attempt = self.attempt = Attempt(record, number, running, stall, verifier)
         testfaults.pause_if(testfaults.Fault.PAUSE_AFTER_LAUNCH, job=record.id, pid=running.pid)
         record.pid, record.pid_started = running.pid, running.create_time()
         record.attempt_started, sup = time.time(), record.job.supervision
@@ -144,8 +143,12 @@ class JobSupervisor:
     async def recover_after_restart(self, left_open: list[Incident]) -> None:
         """The daemon restarted while this job was active: wait out every worker of the job
         still alive (its pid, or found by its attempt folder), conclude the incidents left
-        open, then resume under a new ``daemon_restart`` incident."""
+        open, then resume under a new ``daemon_restart`` incident; or re-adopt an attempt
+        its launcher can follow again (`adoption`)."""
         try:
+            if adopted := await adoption.adopt(self.services, self.record, left_open):
+                self._begin(self.record.attempt, *adopted)
+                return
             previous = await outcomes.wait_orphans(self.services, self.record)
             verifier = outcomes.restarted(self.services, self.record, previous, left_open)
         except UnsafePathError as error:

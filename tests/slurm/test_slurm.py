@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +128,36 @@ def test_slurm_requeue_of_a_running_attempt_is_a_preemption(
     assert (done["state"], done["attempt"]) == ("completed", 2)
     assert [(i["kind"], i["status"]) for i in incidents] == [("preemption", "verified")]
     assert (requeued.state, requeued.restarts) == ("CANCELLED", 1)
+
+
+def test_a_killed_daemon_adopts_its_running_slurm_job(
+    slurm: Cluster, tmp_path: Path, compile_cache: Path, long_reference: AttemptResult
+) -> None:
+    """kill -9 of wardend while attempt 1 runs: the restarted daemon follows the same Slurm
+    job by its recorded id (no second one is submitted) and the job completes exactly."""
+    daemon = Daemon(tmp_path / "root", compile_cache, "--launcher", "slurm")
+    with daemon:
+        daemon.drop("adopt.toml", linreg_job("adopt", run=LONG_RUN, faults=SLOW))
+        wait_until(
+            lambda: daemon.state("adopt"),
+            lambda status: (status["step"] or 0) >= 5,
+            timeout=90,
+            what="job adopt past step 5",
+            retry=(ControlError,),
+        )
+        daemon.stop(signal.SIGKILL)
+        daemon.start()
+        done = daemon.wait("adopt", timeout=90)
+        incidents = daemon.incidents("adopt")
+    listed = slurm.run("scontrol", "-o", "show", "job").splitlines()
+    submitted = [line for line in listed if "JobName=jw-adopt-" in line]
+    report = verify.verify(
+        verify.load_run(long_reference.folder), verify.load_run(daemon.job_folder("adopt"))
+    )
+    log = (daemon.root / "wardend.log").read_text().splitlines()
+    adopted = [json.loads(line) for line in log if '"attempt.adopted"' in line]
+    assert [r["attempt"] for r in adopted] == [1]
+    assert (done["state"], done["attempt"], incidents) == ("completed", 1, [])
+    assert len(submitted) == 1
+    assert "JobState=COMPLETED" in submitted[0]
+    assert report.proven, verify.render(report)
