@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from jobwarden.daemon.slurmsection import SlurmSection
 from jobwarden.decoding import loads_json, loads_toml
 from jobwarden.errors import JobFileError
 from jobwarden.program import (
@@ -112,6 +113,7 @@ class _Document(_Section):
     run: RunSection = RunSection()
     faults: FaultSection = FaultSection()
     supervision: SupervisionSection = SupervisionSection()
+    slurm: SlurmSection | None = None
 
     _names = field_validator("id", "checkpoint")(
         lambda value: value if value is None else check_name(value)

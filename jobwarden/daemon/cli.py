@@ -73,6 +73,12 @@ def parser() -> argparse.ArgumentParser:
         help="how attempts are started: a name from the jobwarden.launchers entry points, "
         "or module:attribute",
     )
+    for name, what in (
+        ("partition", "the partition of every attempt (a job's [slurm] partition wins)"),
+        ("account", "the account every attempt is charged to"),
+        ("extra", "more sbatch options for every attempt, split as a shell splits them"),
+    ):
+        ap.add_argument(f"--slurm-{name}", help=f"with --launcher slurm: {what}")
     ap.add_argument(
         "--signing-key",
         type=Path,
@@ -129,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, take the root lock, run the loop."""
     args = parser().parse_args(argv)
     try:
+        for name in ("partition", "account", "extra"):  # read by the Slurm launcher
+            if (value := getattr(args, f"slurm_{name}")) is not None:
+                os.environ[f"JOBWARDEN_SLURM_{name.upper()}"] = value
         chosen = launcher.load(args.launcher)
         if args.no_warm_spare and isinstance(chosen, LocalLauncher):
             chosen.spares = None

@@ -34,7 +34,8 @@ def long_reference(tmp_path_factory: pytest.TempPathFactory, compile_cache: Path
 @pytest.fixture
 def wardend(slurm: Cluster, tmp_path: Path, compile_cache: Path) -> Any:
     """A wardend whose attempts are Slurm jobs of the session's cluster."""
-    with Daemon(tmp_path / "root", compile_cache, "--launcher", "slurm") as daemon:
+    options = ("--slurm-partition", "debug", "--slurm-extra=--comment=jobwarden-test")
+    with Daemon(tmp_path / "root", compile_cache, "--launcher", "slurm", *options) as daemon:
         yield daemon
 
 
@@ -51,14 +52,17 @@ def slurm_record(daemon: Daemon, cluster: Cluster, job_id: str, attempt: int) ->
 
 
 def test_a_job_completes_as_one_slurm_job(wardend: Daemon, slurm: Cluster) -> None:
-    """One attempt, one Slurm job named after it, COMPLETED; its events kept by the daemon."""
-    wardend.drop("ok.toml", linreg_job("ok"))
+    """One attempt, one Slurm job named after it, COMPLETED; its events kept by the daemon;
+    the daemon's partition and sbatch options and the job's [slurm] time limit applied."""
+    wardend.drop("ok.toml", linreg_job("ok", slurm={"time_limit": "10"}))
     status = wardend.wait("ok", timeout=90)
     ended = slurm_record(wardend, slurm, "ok", 1)
     shown = slurm.run("scontrol", "-o", "show", "job", ended.job_id)
     kinds = [e["event"] for e in wardend.events("ok", 1)]
     assert (status["state"], status["attempt"], ended.state) == ("completed", 1, "COMPLETED")
     assert "JobName=jw-ok-1 " in shown
+    for field in ("Partition=debug ", "TimeLimit=00:10:00 ", "Comment=jobwarden-test "):
+        assert field in shown
     assert (kinds[0], kinds[-1], kinds.count("progress")) == ("started", "completed", 8)
 
 
