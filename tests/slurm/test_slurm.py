@@ -165,3 +165,22 @@ def test_a_killed_daemon_adopts_its_running_slurm_job(
     assert len(submitted) == 1
     assert "JobState=COMPLETED" in submitted[0]
     assert report.proven, verify.render(report)
+
+
+def test_a_stall_is_cancelled_and_its_recovery_verified(wardend: Daemon, slurm: Cluster) -> None:
+    """The worker hangs after update 3: no progress for 3 s, its stacks are dumped and the
+    Slurm job ended through scancel, a new one resumes from step 2, update 3 verified."""
+    faults = {"stall_at": 3, "stall_seconds": 120}
+    wardend.drop("hang.toml", linreg_job("hang", faults=faults, supervision={"stall_timeout_s": 3}))
+    status = wardend.wait("hang", timeout=120)
+    (incident,) = wardend.incidents("hang")
+    first, second = (slurm_record(wardend, slurm, "hang", n) for n in (1, 2))
+    assert (status["state"], status["attempt"]) == ("completed", 2)
+    assert (incident["kind"], incident["status"], incident["recovery_point"]["step"]) == (
+        "stall",
+        "verified",
+        2,
+    )
+    assert (first.state, second.state) == ("CANCELLED", "COMPLETED")
+    dump = wardend.job_folder("hang") / "attempts" / "1" / "stack-dump.txt"
+    assert "in before_update" in dump.read_text()  # SIGUSR1 reached the worker by scancel
