@@ -1,0 +1,209 @@
+"""Recovery benchmark: a SIGKILLed linreg worker to its first resumed update, three ways.
+
+Each sample is one job on a real wardend (the default ``[supervision]``),
+``steps = 400`` with ``[faults] step_delay_s = 0.05`` in attempt 1 only (so the
+first attempt is still running when it is killed).  The bench reads attempt 1's
+events and SIGKILLs its worker right after the progress event of update
+`KILL_AT` (for the spare variant: once ``spare.ready`` is also logged); the
+recovery time is the kill's ``time.time()`` to the ``time`` of the next
+attempt's first progress event.  Variants, sampled in turn (side by side in
+one run):
+
+- *old policy, no spare*: ``--no-warm-spare``, and the bench kills attempt 2 as
+  well right after its first progress, so the next restart is the second in a
+  row and waits ``restart_backoff_s`` (0.5 s) first, as the old policy's first
+  restart did; measured from that second kill;
+- *new policy, no spare*: ``--no-warm-spare``, the first restart is immediate;
+- *new policy, warm spare*: the default daemon.
+
+The breakdown (p50): kill to ``attempt.exited`` (detection), to
+``attempt.started`` (incident, backoff), to the worker's ``started`` event
+(process start or handoff, lock), to ``ready`` (restore), to the first progress.
+
+Run ``.venv/bin/python bench/recovery.py [--samples N]``; it prints a table and
+writes ``bench/results/recovery.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from daemon import Measure, Wardend, is_event, job_text, median, private_dir, running, stamp, table
+
+RESULTS = Path(__file__).resolve().parent / "results" / "recovery.json"
+KILL_AT = 40
+TARGET_S = 0.3
+JOB = {"run": {"steps": 400}, "faults": {"step_delay_s": 0.05}}
+Record = dict[str, Any]
+
+
+def events(daemon: Wardend, job: str, attempt: int) -> list[Record]:
+    """The events of one attempt so far."""
+    path = daemon.attempt_folder(job, attempt) / "events.jsonl"
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def wait_progress(daemon: Wardend, job: str, attempt: int, at_least: int, timeout: float) -> Record:
+    """The first progress event of ``attempt`` at step ``at_least`` or later."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for e in events(daemon, job, attempt):
+            if e.get("event") == "progress" and e["step"] >= at_least:
+                return e
+        time.sleep(0.002)
+    raise TimeoutError(f"{job}: attempt {attempt} reached no step {at_least}")
+
+
+def kill_after(daemon: Wardend, job: str, attempt: int, step: int) -> float:
+    """SIGKILL ``attempt``'s worker right after its progress of ``step``; the kill's time."""
+    wait_progress(daemon, job, attempt, step, 120)
+    started = next(e for e in events(daemon, job, attempt) if e.get("event") == "started")
+    os.kill(started["pid"], signal.SIGKILL)
+    return time.time()
+
+
+def wait_spare(daemon: Wardend, timeout: float = 120) -> None:
+    """Until a spare is ready and not yet handed out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        daemon.log.poll()
+        count = {"spare.ready": 0, "spare.handed": 0}
+        for r in daemon.log.records:
+            if r.get("event") in count:
+                count[r["event"]] += 1
+        if count["spare.ready"] > count["spare.handed"]:
+            return
+        time.sleep(0.01)
+    raise TimeoutError("no spare ready")
+
+
+def settled(job: str) -> Any:
+    """A predicate for the job's transition into a resting state."""
+    return lambda r: (
+        r.get("event") == "job.transition"
+        and r.get("job") == job
+        and r.get("target") in ("completed", "failed", "escalated")
+    )
+
+
+def sample(daemon: Wardend, job: str, variant: str) -> Record:
+    """One job of ``variant``: its kill(s) and the timeline of the measured recovery."""
+    daemon.drop(f"{job}.toml", job_text(job, JOB))
+    if variant == "spare":
+        wait_spare(daemon)
+    killed = kill_after(daemon, job, 1, KILL_AT)
+    measured = 2
+    if variant == "old":
+        wait_progress(daemon, job, 2, 1, 120)
+        killed = kill_after(daemon, job, 2, 1)
+        measured = 3
+    first = wait_progress(daemon, job, measured, 1, 120)
+    exited = daemon.wait_for(daemon.log, is_event("attempt.exited", job=job, attempt=measured - 1))
+    started = daemon.wait_for(daemon.log, is_event("attempt.started", job=job, attempt=measured))
+    daemon.wait_for(daemon.log, settled(job), 120)
+    resumed = events(daemon, job, measured)
+    kinds = {e["event"]: e["time"] for e in reversed(resumed)}
+    handed = [
+        r for r in daemon.log.records if r.get("event") == "spare.handed" and r.get("job") == job
+    ]
+    return {
+        "job": job,
+        "recovery_s": first["time"] - killed,
+        "detect_s": stamp(exited) - killed,
+        "to_attempt_started_s": stamp(started) - stamp(exited),
+        "to_worker_started_s": kinds["started"] - stamp(started),
+        "restore_s": kinds["ready"] - kinds["started"],
+        "ready_to_progress_s": first["time"] - kinds["ready"],
+        "spare": any(h.get("attempt") == measured for h in handed),
+    }
+
+
+NAMES = {
+    "old": "recovery: old policy (0.5 s backoff first), no spare",
+    "cold": "recovery: new policy (first restart at once), no spare",
+    "spare": "recovery: new policy + warm spare (default)",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Sample the three variants in turn, print the table, write the JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--samples", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    base = Path(tempfile.mkdtemp(prefix="jw-recovery-"))
+    runs: dict[str, list[Record]] = {v: [] for v in NAMES}
+    try:
+        cache = private_dir(base / "cache")
+        with (
+            running(base / "old", cache, "--no-warm-spare") as old,
+            running(base / "cold", cache, "--no-warm-spare") as cold,
+            running(base / "spare", cache) as spare,
+        ):
+            daemons = {"old": old, "cold": cold, "spare": spare}
+            for v, d in daemons.items():  # warm the compile cache and start the spare
+                sample(d, f"warmup-{v}", v)
+            for i in range(args.samples):
+                for v, d in daemons.items():
+                    runs[v].append(sample(d, f"{v}-{i:02d}", v))
+                    print(f"{v} {i}: {runs[v][-1]['recovery_s']:.3f} s", flush=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    measures = []
+    for v, name in NAMES.items():
+        rows = runs[v]
+        keys = [k for k in rows[0] if k.endswith("_s") and k != "recovery_s"]
+        measures.append(
+            Measure(
+                name,
+                [r["recovery_s"] for r in rows],
+                unit="s",
+                target_s=TARGET_S if v == "spare" else None,
+                target_on="p50",
+                note="SIGKILL after update 40 -> first progress of the next attempt",
+                extra={
+                    "breakdown_p50_s": {k: median([r[k] for r in rows]) for k in keys},
+                    "handed_to_spare": sum(r["spare"] for r in rows),
+                    "runs": rows,
+                },
+            )
+        )
+    print()
+    print(table(measures))
+    p50 = {v: m.stat("p50") for v, m in zip(NAMES, measures, strict=True)}
+    print(f"\nratio spare/old p50: {p50['spare'] / p50['old']:.3f}")
+    for m in measures:
+        print(f"  {m.name}: handed to a spare {m.extra['handed_to_spare']}/{len(m.samples)}")
+        print("    " + "  ".join(f"{k} {v:.3f}" for k, v in m.extra["breakdown_p50_s"].items()))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = {
+        "benchmark": "recovery",
+        "created": time.time(),
+        "samples": args.samples,
+        "cpus": os.cpu_count(),
+        "ratio_spare_over_old_p50": p50["spare"] / p50["old"],
+        "measures": [m.as_record() for m in measures],
+    }
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {os.path.relpath(args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
