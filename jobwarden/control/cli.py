@@ -16,6 +16,7 @@ Exit statuses follow supervisorctl's LSB convention where one applies:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -128,7 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
         ("--task", str, "the default job's task (not with --job)"),
     ):
         drill.add_argument(option, type=kind, default=argparse.SUPPRESS, help=text)
-    drill.set_defaults(func=cmd_drill)
+    drill.add_argument(
+        "--launcher",
+        help="how the private daemon starts attempts (wardend --launcher: local, slurm; "
+        "default local; not with --root, whose daemon keeps its own)",
+    )
+    drill.set_defaults(func=_drill)
 
     submit = command("submit", help="hand a job file to the daemon's spool")
     submit.add_argument("file")
@@ -248,6 +254,14 @@ def show_help(
         return EXIT_USAGE
     chosen.print_help()
     return 0
+
+
+def _drill(args: argparse.Namespace) -> int:
+    """``wardenctl drill``, its ``--launcher`` handed to the private daemon (drill/daemon.py
+    reads it from ``JOBWARDEN_DRILL_LAUNCHER``: the drills are imported only once they run)."""
+    if args.launcher is not None:
+        os.environ["JOBWARDEN_DRILL_LAUNCHER"] = args.launcher
+    return cmd_drill(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,8 @@ SETTLED_STATES = tuple(sorted(state.value for state in SETTLED))
 POLL_S = 0.05
 # A submit answers once the daemon's intake has taken the job in, which a busy intake delays.
 SUBMIT_TIMEOUT_S = 60.0
+LAUNCHER_ENV = "JOBWARDEN_DRILL_LAUNCHER"
+"""``wardenctl drill --launcher NAME`` sets it: the private daemon's ``wardend --launcher``."""
 
 
 class DrillAbandoned(JobwardenError):
@@ -127,6 +129,8 @@ def daemon_for(
         argv += ["--max-concurrent", str(slots)]
     if compile_cache is not None:
         argv += ["--compile-cache", str(compile_cache)]
+    if os.environ.get(LAUNCHER_ENV):
+        argv += ["--launcher", os.environ[LAUNCHER_ENV]]
     with (private.parent / "wardend.stderr").open("wb") as stderr:
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, env=activated())
         handle = DaemonHandle(private, private=True)
