@@ -13,12 +13,15 @@ newer generation.  Before every commit's rename the writer checks that
 newer one raises `LeaseLost` and commits nothing.
 
 A lease is taken when the worker runs under Slurm (``SLURM_JOB_ID`` set), or
-when ``JOBWARDEN_LEASE=1``.  It is never judged stale by a clock: a newer
-generation takes over, and the old writer is fenced.
+when ``JOBWARDEN_LEASE=1``.  Every commit's check renews it (the claim's time).
+It is never judged stale by a clock: the daemon judges it from the state of
+the Slurm job it names (`jobwarden.daemon.slurmlease`), and a newer generation
+takes over, fencing the old writer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -88,10 +91,28 @@ def read(directory: Path) -> Lease | None:
 
 
 def check(directory: Path, generation: int) -> None:
-    """Refuse (`LeaseLost`) unless the lease still names ``generation``: before a rename."""
+    """Refuse (`LeaseLost`) unless the lease still names ``generation``: before a rename.
+    A check that holds renews the lease (`renew`): every commit is a sign of life."""
     current = read(directory)
     if current is None or current.generation != generation:
         raise _lost(directory, generation, current, "fenced before the commit")
+    renew(directory, generation)
+
+
+def renew(directory: Path, generation: int) -> None:
+    """Touch this writer's own claim, ``writer.lease.N``, which no other writer ever writes
+    (replacing ``writer.lease`` could undo a newer writer's takeover).  Its time is evidence
+    for a person; staleness is judged from Slurm's job state (`daemon.slurmlease`)."""
+    with contextlib.suppress(OSError):
+        os.utime(directory / f"{LEASE_NAME}.{generation}")
+
+
+def renewed(directory: Path, generation: int) -> float | None:
+    """When the writer of ``generation`` last renewed its lease (wall time), if known."""
+    try:
+        return (directory / f"{LEASE_NAME}.{generation}").stat().st_mtime
+    except OSError:
+        return None
 
 
 def _lost(directory: Path, generation: int, current: Lease | None, why: str) -> LeaseLost:

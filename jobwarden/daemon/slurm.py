@@ -45,6 +45,7 @@ from jobwarden.daemon.launcher import (
 from jobwarden.daemon.members import free_port
 from jobwarden.daemon.slurmctl import query, sbatch, slurm_command
 from jobwarden.daemon.slurmgroup import SlurmGroupAttempt
+from jobwarden.daemon.slurmlease import LeaseState, checkpoint_of, judge_directory
 from jobwarden.daemon.slurmscript import (
     EXIT_RECORD,
     JOB_RECORD,
@@ -155,8 +156,13 @@ class SlurmLauncher(Launcher):
         script.chmod(0o700)
         settings = self.settings.for_job(section_of(spec.folder.parent.parent))
         argv = ["sbatch", *settings.sbatch_options(spec), str(script)]
+        checkpoint = checkpoint_of(spec.folder)
+        before = await judge_directory(checkpoint) if checkpoint is not None else None
+        if before is not None and before.state is LeaseState.LIVE:
+            log.warning("slurm.lease_live", job=spec.job_id, why=before.why)  # to be fenced
         job_id = await sbatch(argv, spec.env)
         record = {"slurm_job": job_id, "submitted": time.time(), "sbatch": argv}
+        record["lease_before"] = before.as_record() if before is not None else None
         write_text_atomic(spec.folder / JOB_RECORD, json.dumps(record, indent=2) + "\n")
         log.info("slurm.submitted", job=spec.job_id, attempt=spec.attempt, slurm_job=job_id)
         return self._attempt(spec, SlurmWatch(job_id, spec.job_id))

@@ -7,6 +7,8 @@ the lease directly, as its own WriterLock would there.
 
 from __future__ import annotations
 
+import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,11 @@ import pytest
 from jobwarden.checkpoint import lease
 from jobwarden.checkpoint.lock import WriterLock
 from jobwarden.checkpoint.store import CheckpointStore
+from jobwarden.daemon.slurmlease import LeaseState, judge, judge_directory
+from jobwarden.daemon.slurmstate import SlurmJob
 from tests import samples
+from tests.helpers import wait_until
+from tests.slurm.cluster import Cluster
 
 
 @pytest.fixture(autouse=True)
@@ -74,3 +80,66 @@ class TestLease:
             lease.take(ck, 2, "202")
         assert (held := lease.read(ck)) is not None
         assert (held.generation, held.slurm_job) == (3, "303")
+
+    def test_every_commit_renews_the_writers_own_claim(self, tmp_path: Path) -> None:
+        """A commit's check touches writer.lease.1 (never writer.lease): the renewal time moves."""
+        ck = tmp_path / "ck"
+        with WriterLock(ck) as lock:
+            claim = ck / f"{lease.LEASE_NAME}.{lock.generation}"
+            os.utime(claim, (1000.0, 1000.0))
+            commit(CheckpointStore(ck, lock), 2)
+            renewed = lease.renewed(ck, lock.generation)
+        assert (renewed or 0.0) > 1000.0
+
+
+def running(state: str) -> SlurmJob:
+    """Slurm job 101 in ``state``."""
+    return SlurmJob("101", state)
+
+
+class TestJudgement:
+    HELD = lease.Lease(1, "101", "node1", 42, 0.0)
+    """A lease renewed at the epoch: as old as a clock could make it."""
+
+    def test_a_running_job_keeps_its_lease_live_however_old_the_renewal(self) -> None:
+        """RUNNING, PENDING, COMPLETING: live; the renewal time does not enter."""
+        states = [judge(self.HELD, running(s)).state for s in ("RUNNING", "PENDING", "COMPLETING")]
+        assert states == [LeaseState.LIVE] * 3
+
+    def test_an_ended_requeued_or_forgotten_job_leaves_a_stale_lease(self) -> None:
+        """COMPLETED, NODE_FAIL, requeued, and a job Slurm no longer knows: stale."""
+        requeued = SlurmJob("101", "PENDING", restarts=1)
+        jobs = [running("COMPLETED"), running("NODE_FAIL"), requeued, None]
+        assert [judge(self.HELD, job).state for job in jobs] == [LeaseState.STALE] * 4
+
+    def test_what_cannot_be_judged_is_unknown(self) -> None:
+        """No Slurm job in the lease, or no answer from slurmctld: unknown, never stale."""
+        off_slurm = lease.Lease(1, None, "node1", 42, 0.0)
+        found = [judge(off_slurm, None).state, judge(self.HELD, None, known=False).state]
+        assert (found, judge(None, None).state) == ([LeaseState.UNKNOWN] * 2, LeaseState.NONE)
+
+
+@pytest.mark.slow
+def test_a_lease_is_judged_from_the_real_slurm_job_it_names(slurm: Cluster, tmp_path: Path) -> None:
+    """A lease naming a running Slurm job is live; once scancel ended it, stale."""
+    job_id = slurm.run("sbatch", "--parsable", "--output=/dev/null", "--wrap=sleep 60").strip()
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    lease.take(ck, 1, job_id)
+    wait_until(
+        lambda: asyncio.run(judge_directory(ck)),
+        lambda judged: judged.state is LeaseState.LIVE,
+        timeout=20,
+        what=f"a live lease of Slurm job {job_id}",
+    )
+    slurm.run("scancel", job_id)
+    stale = wait_until(
+        lambda: asyncio.run(judge_directory(ck)),
+        lambda judged: judged.state is LeaseState.STALE,
+        timeout=30,
+        what=f"a stale lease once Slurm job {job_id} is cancelled",
+    )
+    assert (stale.why, stale.held and stale.held.generation) == (
+        f"Slurm job {job_id} is CANCELLED",
+        1,
+    )
