@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,3 +166,44 @@ def test_kill_at_each_commit_phase_resumes_from_the_last_complete_step(
     [incident] = daemon.incidents(job)
     assert incident["recovery_point"]["step"] == restored
     assert incident["verification"]["verdict"] == "verified"
+
+
+def drill(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """wardenctl drill NAME --processes 2 with ``args``."""
+    argv = [sys.executable, "-m", "jobwarden.control.cli", "drill", name, "--processes", "2"]
+    return subprocess.run([*argv, *args], capture_output=True, text=True, timeout=600, check=False)
+
+
+@pytest.mark.parametrize("name", ["crash", "stall"])
+def test_drill_of_two_processes_verifies_each_member(
+    tmp_path: Path, compile_cache: Path, name: str
+) -> None:
+    """wardenctl drill crash|stall --processes 2: member 1 fails (or hangs), both restart,
+    and every resumed update of each member equals the reference's same member."""
+    done = drill(name, "--json", "--out", str(tmp_path), "--compile-cache", str(compile_cache))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    verdict = json.loads(done.stdout)
+    assert (verdict["ok"], verdict["processes"]) == (True, 2)
+    restored = {"crash": 2, "stall": 4}[name]
+    replayed = list(range(restored + 1, 9))
+    assert [
+        (m["process"], m["replayed_steps"], m["differing_steps"]) for m in verdict["members"]
+    ] == [
+        (0, replayed, []),
+        (1, replayed, []),
+    ]
+    assert all(m["replay_verified"] and m["replay_checks"] > 0 for m in verdict["members"])
+    checks = {c["name"]: c for c in verdict["checks"]}
+    if name == "stall":
+        assert checks["the stall names member 1, the one that hung"]["stalled_member"] == 1
+    else:
+        assert checks["the attempt failed by member 1, and every member was stopped"]["ok"]
+    jobs = tmp_path / "root" / "jobs"
+    assert all(members_alive(folder) == [] for folder in jobs.iterdir())
+
+
+def test_drill_of_two_processes_refuses_the_single_process_drills(tmp_path: Path) -> None:
+    """The drills that rehearse one process only are refused for --processes 2, named."""
+    done = drill("corrupt", "--out", str(tmp_path))
+    assert done.returncode == 2
+    assert "the corrupt drill rehearses one process only" in done.stderr

@@ -127,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--fail-after", int, "the update after which the crash drill fails (default: chosen)"),
         ("--stall-at", int, "completed updates before the stall drill hangs (default: chosen)"),
         ("--task", str, "the default job's task (not with --job)"),
+        ("--processes", int, "run the drilled job as N members, the fault aimed at member 1"),
     ):
         drill.add_argument(option, type=kind, default=argparse.SUPPRESS, help=text)
     drill.add_argument(

@@ -31,6 +31,8 @@ class DrillParams:
     task: str = "linreg"
     fail_after: int | None = None
     stall_at: int | None = None
+    processes: int | None = None
+    """the drilled job's members (``[run] processes``); None: the job's own"""
 
 
 class Reference:

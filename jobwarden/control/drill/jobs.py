@@ -141,6 +141,17 @@ class DrillJob:
         """The drilled job as a report names it."""
         return self.origin if self.is_default else f"job {self.document['id']} ({self.origin})"
 
+    @property
+    def processes(self) -> int:
+        """The job's cooperating processes (``[run] processes``, 1 unless set)."""
+        return int((self.document.get("run") or {}).get("processes", 1))
+
+    def with_processes(self, processes: int) -> DrillJob:
+        """The job as ``processes`` cooperating members (``[run] processes``); raises
+        `DrillJobError` for a count the job file schema refuses."""
+        run = {**(self.document.get("run") or {}), "processes": processes}
+        return _drill_job({**self.document, "run": run}, self.origin, self.label, self.settle_s)
+
     def tag(self, drill: str, stamp: str) -> str:
         """The prefix of one drill's job ids."""
         return "-".join(part for part in (self.label, drill, stamp) if part)

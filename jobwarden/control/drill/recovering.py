@@ -14,6 +14,14 @@ from typing import Any
 
 from jobwarden.checkpoint.lock import read_generation
 from jobwarden.control.drill.context import Drill, final_check
+from jobwarden.control.drill.members import (
+    aimed,
+    crash_checks,
+    drilled,
+    member_checks,
+    member_events,
+    stall_checks,
+)
 from jobwarden.control.drill.verdict import Check, Outcome
 
 # The stall drill's timeout (a user's slower job gets a longer one, `_stall_timeout`), and how
@@ -78,6 +86,8 @@ def _continuation_checks(
             {"state": status["state"], "reason": status["reason"]},
         ),
     ]
+    per_member, members = member_checks(drill, reference, job, expected_restore, incident)
+    checks += per_member
     drill.plot(rows, f"{drill.out.name}: resumed steps")
     drill.accepted_checkpoint(job)
     drill.timeline(job)
@@ -88,6 +98,8 @@ def _continuation_checks(
         "job": job,
         "reference": reference,
         "runbook": drill.runbook(incident),
+        "processes": drill.job.processes,
+        **({"members": members} if members else {}),
     }
     return checks, summary
 
@@ -128,10 +140,11 @@ def crash(drill: Drill) -> Outcome:
     """The failure after update N, the committed checkpoint chosen, every replayed hash."""
     points = drill.points
     job = drill.job_id("crash")
-    drill.submit(job, faults={"fail_after": points.fail_after})
+    drill.submit(job, faults=aimed(drill, {"fail_after": points.fail_after}))
     drill.wait(job)
     reference, ref_status = drill.reference()
-    failure = next((e for e in drill.attempt_events(job, 1) if e.kind == "failed"), None)
+    first = member_events(drill, job, drilled(drill), last_attempt=1)
+    failure = next((e for e in first if e.kind == "failed"), None)
     incidents = drill.keep_incidents(job)
     verified, incident = _daemon_verified(incidents, "crash")
     checks = [
@@ -148,6 +161,7 @@ def crash(drill: Drill) -> Outcome:
                 "code": failure.get("code") if failure else None,
             },
         ),
+        *crash_checks(drill, job),
         verified,
     ]
     more, summary = _continuation_checks(
@@ -164,7 +178,9 @@ def stall(drill: Drill) -> Outcome:
     job = drill.job_id("stall")
     drill.submit(
         job,
-        faults={"stall_at": points.stall_at, "stall_seconds": max(STALL_HOLD_S, 10 * timeout)},
+        faults=aimed(
+            drill, {"stall_at": points.stall_at, "stall_seconds": max(STALL_HOLD_S, 10 * timeout)}
+        ),
         supervision={"stall_timeout_s": timeout},
     )
     drill.wait(job)
@@ -195,6 +211,7 @@ def stall(drill: Drill) -> Outcome:
                 "cpu_during_gap": details.get("cpu_during_gap"),
             },
         ),
+        *stall_checks(drill, job, incident),
         verified,
     ]
     more, summary = _continuation_checks(

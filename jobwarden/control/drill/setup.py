@@ -15,6 +15,9 @@ from jobwarden.control.drill.jobs import DrillJob, DrillJobError, default_job, l
 from jobwarden.control.drill.plan import DrillPlanError, FaultPoints, plan
 from jobwarden.jobfile import RunSection
 
+GROUP_DRILLS = ("crash", "stall")
+"""The drills that rehearse a job of several processes, a fault aimed at one member."""
+
 
 def prepare(names: list[str], job_file: Path | None, params: DrillParams) -> DrillJob:
     """The job the drills copy (``job_file``, else the default job of ``params``); raises
@@ -23,6 +26,8 @@ def prepare(names: list[str], job_file: Path | None, params: DrillParams) -> Dri
         job = load_job_file(job_file)
     else:
         job = default_job(params.task, params.seed, params.steps, params.checkpoint_every)
+    if params.processes is not None:
+        job = job.with_processes(params.processes)
     if job.run is not None:
         fault_points(job, names, params)
     return job
@@ -55,6 +60,18 @@ def fault_points(job: DrillJob, names: list[str], params: DrillParams) -> FaultP
         problems.append(
             "the incompatible drill changes a training field, and the job has none that its "
             "task's schema lets change"
+        )
+    unready = [name for name in names if name not in GROUP_DRILLS]
+    if job.processes > 1 and unready:
+        problems.append(
+            f"processes = {job.processes}: "
+            + (
+                f"the {unready[0]} drill rehearses"
+                if len(unready) == 1
+                else f"the {', '.join(unready)} drills rehearse"
+            )
+            + " one process only; with several, drill "
+            f"{' or '.join(GROUP_DRILLS)} (docs/multiprocess.md)"
         )
     if problems:
         raise DrillJobError(job.origin, problems)
