@@ -182,7 +182,9 @@ def test_a_worker_does_not_see_the_daemons_secrets(
         )
     assert "AWS_SECRET_ACCESS_KEY" not in seen
     assert "s3cr3t-do-not-leak" not in "".join(seen.values())
-    assert set(seen) - {"JOBWARDEN_SUPERVISOR_PID"} <= set(child_environment(os.environ))
+    launcher_adds = {"JOBWARDEN_SUPERVISOR_PID", "JOBWARDEN_ATTEMPT_FOLDER"}  # docs/daemon.md
+    assert set(seen) - launcher_adds <= set(child_environment(os.environ))
+    assert seen["JOBWARDEN_ATTEMPT_FOLDER"] == str(daemon.job_folder("slow") / "attempts" / "1")
     assert (str(daemon.proc.pid), "UTC") == (seen["JOBWARDEN_SUPERVISOR_PID"], seen["TZ"])
 
 
