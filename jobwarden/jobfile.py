@@ -56,6 +56,8 @@ class RunSection(_Section):
     hash_every: int = Field(1, ge=1)
     processes: int = Field(1, ge=1, le=16)
     """cooperating JAX processes, one job (docs/multiprocess.md)"""
+    async_commit: bool = False
+    """write, fsync and replace each checkpoint on a background thread (docs/sdk.md)"""
 
 
 class FaultSection(_Section):
@@ -67,6 +69,10 @@ class FaultSection(_Section):
     stall_at: int | None = Field(None, ge=0)
     stall_seconds: float = Field(10.0, gt=0, le=86400)
     step_delay_s: float = Field(0.0, ge=0, le=60)
+    commit_delay_s: float = Field(0.0, ge=0, le=3600)
+    """a slow disk: every commit waits this long before its pending file is replaced"""
+    crash_every_s: float | None = Field(None, gt=0, le=86400)
+    """chaos: SIGKILL after this many seconds of running, in every attempt"""
     every_attempt: bool = False
     process: int | None = Field(None, ge=0, le=15)
     """the member the faults apply to in a multi-process job (None: every member)"""
@@ -172,7 +178,8 @@ class Job:
         """The job as a recovery attempt runs it: faults off unless they apply to every attempt."""
         if self.faults.every_attempt:
             return self
-        return dataclasses.replace(self, faults=FaultSection())
+        chaos = self.faults.crash_every_s  # a soak's fault: every attempt by definition
+        return dataclasses.replace(self, faults=FaultSection(crash_every_s=chaos))
 
     def train_fields(self) -> dict[str, Any]:
         """The normalized training fields, defaults filled in (none for a command job)."""

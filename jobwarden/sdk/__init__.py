@@ -46,6 +46,7 @@ def attach(
     resume: str | None = None,
     hash_every: int | None = None,
     processes: int | None = None,
+    async_commit: bool | None = None,
     faults: FaultSection | Mapping[str, Any] | None = None,
     compile_cache: str | Path | None = None,
     signing_key: str | Path | None = None,
@@ -66,7 +67,8 @@ def attach(
     Settings (the run file and the command line win over these, see
     `jobwarden.sdk.settings`): ``checkpoint_dir``, the ``[run]`` fields
     ``steps``, ``checkpoint_every``, ``keep_checkpoints``, ``resume``,
-    ``hash_every``, ``processes`` (docs/multiprocess.md), the ``[faults]`` drill
+    ``hash_every``, ``processes`` (docs/multiprocess.md), ``async_commit``
+    (write each checkpoint on a background thread), the ``[faults]`` drill
     faults, ``compile_cache``, ``signing_key`` (a key file's path) and ``job_id``.
 
     ``events``: a path to append events to, or a text stream; default stdout
@@ -84,6 +86,7 @@ def attach(
         "resume": resume,
         "hash_every": hash_every,
         "processes": processes,
+        "async_commit": async_commit,
     }
     request = Request(
         config=config,

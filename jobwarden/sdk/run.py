@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from jobwarden import state as state_tree
@@ -223,8 +222,9 @@ class Run(Session):
 
     def _preempt(self) -> None:
         gone = self.emitter.broken
+        self._settle()  # the commit in flight is durable before the last one is made
         if self._store is not None and self._step > 0 and self._committed != self._step:
-            self._commit(self._step, None, report=not gone)
+            self._commit(self._step, None, report=not gone, now=True)
         if gone:
             self.stderr(f"jobwarden: stdout is gone; committed step {self._step} and exiting\n")
         else:
@@ -232,6 +232,7 @@ class Run(Session):
         self._status = PreemptedExit.exit_status
 
     def _complete(self) -> None:
+        self._settle()  # completed names the last durable file
         step = self._step
         if self._hashed[0] == step:
             _, digest, components = self._hashed
@@ -247,8 +248,10 @@ class Run(Session):
         )
         self.completed = True
 
-    def _commit(self, step: int, leaves: Leaves | None, report: bool = True) -> Path:
-        """Commit the current state at ``step``, apply retention and (unless told not to) report."""
+    def _commit(
+        self, step: int, leaves: Leaves | None, report: bool = True, now: bool = False
+    ) -> None:
+        """Commit the state at ``step`` (`jobwarden.sdk.commits`); ``now``: durable on return."""
         store, expected = self._store, self._expected
         if store is None or expected is None:
             raise UsageError("run.restore(init_state) must come before the first update")
@@ -278,21 +281,13 @@ class Run(Session):
             components=components,
             created=time.time(),
         )
-        began = time.perf_counter()
-        path, size = store.commit(step, manifest, leaves, self.faults.commit_hook(step))
-        seconds = time.perf_counter() - began
-        store.retain(self.settings.run.keep_checkpoints)
-        self._committed = step
-        if report:
-            self.emit(
-                "checkpoint",
-                step=step,
-                file=str(path),
-                bytes=size,
-                seconds=seconds,
-                state_hash=digest,
-            )
-        return path
+        committer = self._committer
+        if committer is None:
+            raise UsageError("run.restore(init_state) must come before the first update")
+        hook = self.faults.commit_hook(step)
+        committer.commit(step, manifest, leaves, hook, report=report, now=now)
+        if now or committer.background is None:
+            self._committed = step
 
 
 def _zero_opt_state(state: Any) -> Any:

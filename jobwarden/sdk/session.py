@@ -29,6 +29,7 @@ from jobwarden.errors import JobwardenError, WorkerInternalError
 from jobwarden.events import human
 from jobwarden.hashing import Leaves, StateHasher
 from jobwarden.jobfile import FaultSection
+from jobwarden.sdk.commits import Committer
 from jobwarden.sdk.distributed import Membership
 from jobwarden.sdk.faults import FaultPlan
 from jobwarden.sdk.leaves import Flattener
@@ -105,6 +106,7 @@ class Session:
         self._stream: EventStream | None = None
         self._lock: WriterLock | None = None
         self._store: CheckpointStore | None = None
+        self._committer: Committer | None = None
         self._expected: Expected | None = None
         self._key_impl = request.key_impl or ""
         self._quarantined: list[dict[str, str]] = []
@@ -137,12 +139,27 @@ class Session:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
+        error = self._settle_on_exit(error)
         status = self._report(error) if error is not None else self._status
         self._close()
         if error is not None and status is None:
             return
         if status:
             raise RunEnded(status) from None
+
+    def _settle(self) -> None:
+        """Wait for the commit in flight (raising its error): the run is about to stop."""
+        if self._committer is not None:
+            self._committer.settle()
+            self._committed = max(self._committed, self._committer.committed)
+
+    def _settle_on_exit(self, error: BaseException | None) -> BaseException | None:
+        """Leaving the run: the commit in flight finishes first; the error to report."""
+        try:
+            self._settle()
+        except Exception as failed:  # noqa: BLE001 - reported below; the first error wins
+            return error if error is not None else failed
+        return error
 
     def _report(self, error: BaseException) -> int | None:
         """Emit ``failed`` for ``error``; its exit status, None for what must propagate."""
@@ -243,9 +260,14 @@ class Session:
             self._lock = WriterLock(settings.checkpoint_dir).acquire()
             self.generation = self._lock.generation
             if not external:
-                self._store = CheckpointStore(settings.checkpoint_dir, self._lock, key)
+                self._store = store = CheckpointStore(settings.checkpoint_dir, self._lock, key)
+                run = settings.run
+                self._committer = Committer(
+                    store, self.emitter, run.keep_checkpoints, run.async_commit
+                )
         self.preemption.install()
         self.faults = FaultPlan(member.faults(settings.faults), self.emitter)
+        self.faults.arm()
         warning = pin_before_start()
         if warning:
             self.stderr(warning + "\n")
@@ -275,6 +297,7 @@ class Session:
 
     def _close(self) -> None:
         self._phase = Phase.CLOSED
+        self.faults.disarm()
         self.preemption.uninstall()
         if self._lock is not None:
             self._lock.release()

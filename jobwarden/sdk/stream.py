@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,11 +45,13 @@ class RunEmitter(Emitter):
         self._clock = clock
         self._held: list[tuple[str, float, dict[str, Any]]] = []
         self._written_at = clock()
+        self._lock = threading.RLock()  # a background commit reports from its own thread
 
     def emit(self, kind: str, **fields: Any) -> None:
         """Write one event now, after any held ones, or drop it when the stream is broken."""
-        self._held.append((kind, time.time(), fields))
-        self.release(kind)
+        with self._lock:
+            self._held.append((kind, time.time(), fields))
+            self.release(kind)
 
     def emit_held(self, kind: str, **fields: Any) -> None:
         """Write one event, or hold it for the next write if one was made under ``HOLD_S`` ago.
@@ -59,18 +62,20 @@ class RunEmitter(Emitter):
         end) goes through `emit`, which writes the held events before it.  Each
         event keeps the time it happened.
         """
-        self._held.append((kind, time.time(), fields))
-        if len(self._held) >= HOLD_EVENTS or self._clock() - self._written_at >= HOLD_S:
-            self.release(kind)
+        with self._lock:
+            self._held.append((kind, time.time(), fields))
+            if len(self._held) >= HOLD_EVENTS or self._clock() - self._written_at >= HOLD_S:
+                self.release(kind)
 
     def release(self, kind: str = "held") -> None:
         """Write the held events (one write, flushed); dropped when the stream is broken."""
-        held, self._held = self._held, []
-        self._written_at = self._clock()
-        if held and not self.broken:
-            lines = "".join([encode(name, fields, at) for name, at, fields in held])
-            with contextlib.suppress(SupervisorGone):
-                self.write(kind, lines)
+        with self._lock:
+            held, self._held = self._held, []
+            self._written_at = self._clock()
+            if held and not self.broken:
+                lines = "".join([encode(name, fields, at) for name, at, fields in held])
+                with contextlib.suppress(SupervisorGone):
+                    self.write(kind, lines)
 
 
 class EventStream:
