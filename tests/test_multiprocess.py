@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -14,11 +15,14 @@ from typing import Any
 import psutil
 import pytest
 
+from jobwarden.control.protocol import ControlError
 from jobwarden.daemon.launcher import ATTEMPT_ENV
 from tests.daemon import Daemon, linreg_job
+from tests.helpers import AttemptResult, kinds, wait_until
 
 pytestmark = pytest.mark.slow
 
+WARDENCTL = [sys.executable, "-m", "jobwarden.control.cli"]
 TRAIN = {"seed": 3, "learning_rate": 0.04, "momentum": 0.8, "batch_size": 8}
 
 
@@ -168,10 +172,94 @@ def test_kill_at_each_commit_phase_resumes_from_the_last_complete_step(
     assert incident["verification"]["verdict"] == "verified"
 
 
+def test_status_of_a_running_two_process_job_shows_each_member(daemon: Daemon) -> None:
+    """wardenctl status JOB: one line per member, with its pid, rss, step and progress age."""
+    job = "mp-status"
+    submit(daemon, job, faults={"step_delay_s": 0.5})
+    detail = wait_until(
+        lambda: daemon.ask("status", job=job),
+        lambda found: (
+            found["state"] == "running"
+            and all(m["step"] >= 2 for m in found.get("members") or [{"step": -1}])
+        ),
+        timeout=120,
+        what="both members past step 2",
+        retry=(ControlError,),
+    )
+    members = detail["members"]
+    pids = [m["pid"] for m in members]
+    assert [m["process"] for m in members] == [0, 1]
+    assert sorted(pids) == sorted(members_alive(daemon.job_folder(job)))
+    assert all(m["rss_mb"] > 0 and m["progress_age_s"] is not None for m in members)
+    text = subprocess.run(
+        [*WARDENCTL, "--root", str(daemon.root), "status", job],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    block = text.split("members:\n", 1)[1].splitlines()
+    assert block[0].split() == ["MEMBER", "PID", "RSS", "STEP", "LAST", "READY"]
+    assert [line.split()[:2] for line in block[1:3]] == [["0", str(pids[0])], ["1", str(pids[1])]]
+    assert settle(daemon, job)["state"] == "completed"
+    assert daemon.ask("status", job=job)["members"] is None  # nothing runs any more
+
+
+def test_a_daemon_killed_under_a_two_process_job_leaves_no_member_of_it(
+    tmp_path: Path, compile_cache: Path, reference: AttemptResult
+) -> None:
+    """wardend SIGKILLed while both members run: the restarted daemon finds every member of
+    the old attempt (not only member 0) and waits them out; none outlives it, and the job
+    completes with every update's state equal to the uninterrupted run's."""
+    job = "mp-orphans"
+    first = Daemon(tmp_path / "root", compile_cache).start()
+    try:
+        # Both members hold still after update 3 (past the kill and the next daemon's start),
+        # then see their stdout gone and leave.
+        submit(first, job, faults={"stall_at": 3, "stall_seconds": 8})
+        attempt = first.job_folder(job) / "attempts" / "1"
+        wait_until(
+            lambda: [
+                (attempt / name).read_text() if (attempt / name).exists() else ""
+                for name in ("events.jsonl", "events.1.jsonl")
+            ],
+            lambda logs: all('"stall_injected"' in log for log in logs),
+            timeout=120,
+            what="both members holding still after update 3",
+        )
+        old = [psutil.Process(pid) for pid in members_alive(first.job_folder(job))]
+        assert len(old) == 2
+        assert first.stop(signal.SIGKILL) == -signal.SIGKILL
+    finally:
+        first.stop(signal.SIGKILL)
+    with Daemon(tmp_path / "root", compile_cache) as second:
+        status = settle(second, job)
+        attempts = sorted(int(p.name) for p in second.job_folder(job).glob("attempts/*"))
+        # Every member's updates and restored states: the old members ran on past the kill
+        # (their step 4 is not logged, their stdout gone) and committed step 4 on their way.
+        logs = second.job_folder(job).glob("attempts/*/events*.jsonl")
+        events = [json.loads(line) for path in logs for line in path.read_text().splitlines()]
+        logged = [e for e in events if e["event"] in ("progress", "ready") and e["step"] > 0]
+    assert status["state"] == "completed", status["reason"]
+    assert [p for p in old if p.is_running()] == []  # is_running: the same process, not a reuse
+    # ... and the restarted daemon waited for each of them, member 1 as well as member 0.
+    log = (tmp_path / "root.stderr").read_text().splitlines()
+    waited = {json.loads(line)["pid"] for line in log if '"orphan.waiting"' in line}
+    assert {p.pid for p in old} <= waited
+    expected = {e["step"]: e["state_hash"] for e in kinds(reference, "progress")}
+    assert {(e["step"], e["state_hash"]) for e in logged} == set(expected.items())
+    assert final_hashes(second, job, attempts[-1]) == [reference_final_hash(reference)] * 2
+
+
+def reference_final_hash(reference: AttemptResult) -> str:
+    """The uninterrupted single-process run's final state hash (replicated linreg equals it)."""
+    return str(kinds(reference, "completed")[-1]["state_hash"])
+
+
 def drill(name: str, *args: str) -> subprocess.CompletedProcess[str]:
     """wardenctl drill NAME --processes 2 with ``args``."""
-    argv = [sys.executable, "-m", "jobwarden.control.cli", "drill", name, "--processes", "2"]
-    return subprocess.run([*argv, *args], capture_output=True, text=True, timeout=600, check=False)
+    argv = [*WARDENCTL, "drill", name, "--processes", "2", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
 
 
 @pytest.mark.parametrize("name", ["crash", "stall"])

@@ -113,9 +113,31 @@ def render_job(data: dict[str, Any]) -> str:
             "incidents",
         )
     ]
+    lines += render_members(data.get("members"))
     lines.append("history:")
     lines += [f"  {h.get('from', '-')} -> {h['to']}: {h['reason']}" for h in data["history"]]
     return "\n".join(lines)
+
+
+MEMBERS_HEADER = ("MEMBER", "PID", "RSS", "STEP", "LAST", "READY")
+
+
+def render_members(members: list[dict[str, Any]] | None) -> list[str]:
+    """A running multi-process job's members, one line each (none for a single process)."""
+    if not members:
+        return []
+    rows = [
+        (
+            str(m["process"]),
+            cell(m.get("pid")),
+            size(m.get("rss_mb")),
+            cell(m.get("step")),
+            duration(m.get("progress_age_s")),
+            "yes" if m.get("ready") else "no",
+        )
+        for m in members
+    ]
+    return ["members:", *("  " + line for line in table(MEMBERS_HEADER, rows).splitlines())]
 
 
 def render_incidents(data: list[dict[str, Any]]) -> str:

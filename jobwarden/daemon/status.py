@@ -163,6 +163,7 @@ def status(daemon: Wardend, args: dict[str, Any], rows: StatusRows | None = None
             raise ControlError("control.no_such_job", f"no job {job_id!r:.80}")
         return {
             **summary(daemon, record, now),
+            "members": record.sample.get("members") if daemon.is_live(record.id) else None,
             "history": record.history,
             "request": record.job.to_record(),
         }
