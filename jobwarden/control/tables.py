@@ -114,6 +114,7 @@ def render_job(data: dict[str, Any]) -> str:
         )
     ]
     lines += render_members(data.get("members"))
+    lines += render_goodput(data.get("goodput"))
     lines.append("history:")
     lines += [f"  {h.get('from', '-')} -> {h['to']}: {h['reason']}" for h in data["history"]]
     return "\n".join(lines)
@@ -138,6 +139,19 @@ def render_members(members: list[dict[str, Any]] | None) -> list[str]:
         for m in members
     ]
     return ["members:", *("  " + line for line in table(MEMBERS_HEADER, rows).splitlines())]
+
+
+def render_goodput(found: dict[str, Any] | None) -> list[str]:
+    """The job's goodput and its badput by cause, largest first (none when not reported)."""
+    if not found or found.get("goodput") is None:
+        return []
+    badput = sorted(found["badput_s"].items(), key=lambda item: -item[1])
+    causes = ", ".join(f"{name} {duration(secs)}" for name, secs in badput if secs >= 0.001)
+    return [
+        f"goodput: {100 * found['goodput']:.1f} % of {duration(found['wall_s'])} "
+        f"({found['new_updates']} new updates, {found['replayed_updates']} replayed)",
+        f"badput: {causes or 'none'}",
+    ]
 
 
 def render_incidents(data: list[dict[str, Any]]) -> str:

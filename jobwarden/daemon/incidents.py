@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from jobwarden.daemon import goodput
 from jobwarden.daemon.evidence import describe
 from jobwarden.daemon.layout import Root
 from jobwarden.daemon.policy import IncidentKind
@@ -56,6 +57,8 @@ class Incident:
     status: str = "open"
     prevention: list[str] = field(default_factory=list)
     time_lost_s: float | None = None
+    cost_s: dict[str, float] = field(default_factory=dict)
+    """time_lost_s by cause (`jobwarden.daemon.goodput.failure_cost`)"""
     closed: float | None = None
 
     def as_record(self) -> dict[str, Any]:
@@ -235,6 +238,9 @@ class IncidentLog:
         incident is kept in `unwritten` and `retry` writes it once the disk
         takes bytes again, so a job's supervision never stops on its evidence.
         """
+        if incident.time_lost_s is not None and not incident.cost_s:
+            traces = goodput.TRACES.traces(self.root.jobs / incident.job)
+            incident.cost_s = goodput.failure_cost(traces, incident.attempt)
         try:
             self._write(incident, event)
         except OSError as error:

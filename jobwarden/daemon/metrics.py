@@ -11,16 +11,19 @@ restarts; the rest count from the daemon's start.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from jobwarden.daemon import goodput
 from jobwarden.states import JobState
 
 if TYPE_CHECKING:
     from jobwarden.daemon.core import Wardend
+    from jobwarden.daemon.jobs import JobRecord
 
 
 class WardendCollector:
@@ -96,6 +99,31 @@ class WardendCollector:
         for outcome, count in daemon.hooks.counts().items():
             notifications.add_metric([outcome], count)
         yield notifications
+        yield from goodput_metrics(daemon, records)
+
+
+def goodput_metrics(daemon: Wardend, records: list[JobRecord]) -> Iterator[Metric]:
+    """Each job's goodput (a gauge) and its productive and badput seconds (counters)."""
+    now = time.time()
+    share = GaugeMetricFamily(
+        "jobwarden_goodput_ratio", "Share of a job's wall time on new updates.", labels=["job"]
+    )
+    productive = CounterMetricFamily(
+        "jobwarden_productive_seconds", "Wall time a job spent on new updates.", labels=["job"]
+    )
+    badput = CounterMetricFamily(
+        "jobwarden_badput_seconds", "Wall time a job lost, by cause.", labels=["job", "cause"]
+    )
+    for record in records:
+        found = goodput.TRACES.goodput(daemon.root.jobs / record.id, record.history, now)
+        if found.goodput is not None:
+            share.add_metric([record.id], found.goodput)
+        productive.add_metric([record.id], found.productive_s)
+        for cause, seconds in found.badput_s.items():
+            badput.add_metric([record.id, cause], seconds)
+    yield share
+    yield productive
+    yield badput
 
 
 def render(daemon: Wardend) -> str:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobwarden import __version__
 from jobwarden.control.protocol import ControlError, Encoded
+from jobwarden.daemon import goodput
 from jobwarden.daemon.jobs import JobRecord
 from jobwarden.states import NEEDS_ATTENTION
 
@@ -163,6 +164,9 @@ def status(daemon: Wardend, args: dict[str, Any], rows: StatusRows | None = None
             raise ControlError("control.no_such_job", f"no job {job_id!r:.80}")
         return {
             **summary(daemon, record, now),
+            "goodput": goodput.TRACES.goodput(
+                daemon.root.jobs / record.id, record.history, now
+            ).as_record(),
             "members": record.sample.get("members") if daemon.is_live(record.id) else None,
             "history": record.history,
             "request": record.job.to_record(),
