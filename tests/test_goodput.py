@@ -175,7 +175,7 @@ def test_soak_sigkilled_every_15_s_completes_exactly_and_reports_goodput(
     run = {"steps": 600, "checkpoint_every": 5, "keep_checkpoints": 2}
     reference = worker(job(tmp_path / "ref.toml", "ref", run=run), tmp_path / "ref")
     assert reference.exit_status == 0
-    faults = {"crash_every_s": 15.0, "step_delay_s": 0.1}
+    faults = {"crash_every_s": 15.0, "step_delay_s": 0.1, "every_attempt": True}
     text = linreg_job("soak", run=run, faults=faults, supervision={"max_restarts": 20})
     with Daemon(tmp_path / "root", compile_cache) as daemon:
         daemon.drop("soak.toml", text)
