@@ -55,6 +55,9 @@ def duplicate_writer(drill: Drill) -> Outcome:
     hand_failure: dict[str, Any] = next((e for e in hand_events if e.get("event") == "failed"), {})
     after = _snapshot(ck)
     primary_pid = drill.handle.ask("status", job=primary)["pid"]
+    if primary_pid is None:  # a launcher that runs it elsewhere (Slurm): its own event says
+        begun = [e for e in drill.events(primary) if e.kind == "started"]
+        primary_pid = begun[-1]["pid"] if begun else None
     # The worker sleeps in its injected stall and cannot act on SIGTERM there, so the
     # daemon's SIGKILL ends it after the grace; it committed before holding, losing nothing.
     drill.handle.ask("stop", job=primary)
