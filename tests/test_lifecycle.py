@@ -256,3 +256,28 @@ def test_keep_finished_archives_the_oldest(tmp_path: Path, compile_cache: Path) 
         ]
         assert (Path(daemon.root / "archive" / archived[0]["folder"]) / "state.json").is_file()
     assert daemon.stop(signal.SIGTERM) == 0
+
+
+@pytest.mark.slow
+def test_keep_finished_days_archives_by_age(tmp_path: Path, compile_cache: Path) -> None:
+    """--keep-finished-days: a completed job settled longer ago than that is archived; one
+    that failed stays for a person, however old."""
+    days = 2 / 86400  # two seconds
+    with Daemon(tmp_path / "root", compile_cache, "--keep-finished-days", f"{days!r}") as daemon:
+        daemon.drop("done.toml", linreg_job("done", "done"))
+        daemon.drop(
+            "bad.toml",
+            linreg_job("bad", "bad", faults={"fail_after": 1}, supervision={"max_restarts": 0}),
+        )
+        daemon.wait("done")
+        daemon.wait("bad")
+        wait_until(
+            lambda: [r["id"] for r in daemon.ask("status")["jobs"]],
+            lambda ids: ids == ["bad"],
+            timeout=20,
+            what="the completed job archived by its age",
+        )
+        (archived,) = daemon.ask("archived")
+        assert archived["id"] == "done"
+        assert archived["archived_reason"].startswith("retention: --keep-finished-days ")
+    assert daemon.stop(signal.SIGTERM) == 0

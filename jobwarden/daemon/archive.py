@@ -35,6 +35,10 @@ NOTE = "archived.json"
 """The note an archived job folder holds: when, why, and the state it rested in."""
 
 
+DAY_S = 86400.0
+"""Seconds in a day, for ``--keep-finished-days``."""
+
+
 def folder_of(root: Root) -> Path:
     """``ROOT/archive``."""
     return root.path / ARCHIVE
@@ -91,22 +95,32 @@ def settled_at(record: JobRecord) -> float:
     return float(record.history[-1]["time"]) if record.history else record.updated
 
 
-def retain(daemon: Wardend, keep: int | None) -> list[str]:
-    """Archive the oldest completed and cancelled jobs beyond ``keep``; returns their ids.
+def retain(
+    daemon: Wardend, keep: int | None, max_age_s: float | None = None, now: float | None = None
+) -> list[str]:
+    """Archive the oldest completed and cancelled jobs beyond ``keep``, and those settled
+    more than ``max_age_s`` ago; returns their ids.
 
     Failed and escalated jobs are never archived automatically: they wait for
     a person, and `status` keeps saying so until one decides.
     """
-    if keep is None:
+    if keep is None and max_age_s is None:
         return []
     done = sorted(
         (r for r in daemon.table if r.state in TERMINAL and r.id not in daemon.supervisors),
         key=settled_at,
     )
+    now = time.time() if now is None else now
+    chosen: list[tuple[JobRecord, str]] = []
+    for index, record in enumerate(done):
+        if keep is not None and index < len(done) - keep:
+            chosen.append((record, f"retention: --keep-finished {keep}"))
+        elif max_age_s is not None and now - settled_at(record) > max_age_s:
+            chosen.append((record, f"retention: --keep-finished-days {max_age_s / DAY_S:g}"))
     moved = []
-    for record in done[: max(0, len(done) - keep)]:
+    for record, reason in chosen:
         try:
-            archive_job(daemon, record, f"retention: --keep-finished {keep}")
+            archive_job(daemon, record, reason)
         except OSError as error:
             log.error("job.archive_failed", job=record.id, error=str(error))
             break

@@ -128,6 +128,13 @@ def parser() -> argparse.ArgumentParser:
         "move older ones whole to ROOT/archive/ (never deleted; failed and escalated jobs "
         "wait for a person); default: keep every job",
     )
+    ap.add_argument(
+        "--keep-finished-days",
+        type=float,
+        metavar="DAYS",
+        help="also move completed or cancelled jobs settled more than DAYS ago to "
+        "ROOT/archive/ (judged by the time they came to rest); default: by age never",
+    )
     return ap
 
 
@@ -155,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         return error.exit_status
     if args.keep_finished is not None and args.keep_finished < 0:
         sys.stderr.write("wardend: --keep-finished must be 0 or more\n")
+        return 2
+    days = args.keep_finished_days
+    if days is not None and not 0 < days < 100_000:
+        sys.stderr.write(f"wardend: --keep-finished-days must be above 0, not {days:g}\n")
         return 2
     # Whatever the root's mode, everything the daemon creates is private to its user.
     os.umask(0o077)
@@ -184,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         daemon = Wardend(root, options, chosen)
-        return asyncio.run(lifecycle.serve(daemon, args.keep_finished))
+        return asyncio.run(lifecycle.serve(daemon, args.keep_finished, days))
     except exporter.MetricsListenError as error:
         sys.stderr.write(f"wardend: {error.message}\n")
         return error.exit_status

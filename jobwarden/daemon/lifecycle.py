@@ -57,6 +57,7 @@ class Lifecycle:
     def __init__(self, daemon: Wardend) -> None:
         self.daemon = daemon
         self.keep_finished: int | None = None
+        self.keep_days: float | None = None
         self.pending: dict[str, str] = {}
         """Job id -> "cancel" or "restart", for jobs being stopped first."""
         self.tasks: set[asyncio.Task[None]] = set()
@@ -233,8 +234,9 @@ class Lifecycle:
         return {"state": state, "archived": target.name}
 
     def retain(self) -> None:
-        """Apply ``--keep-finished``."""
-        archive.retain(self.daemon, self.keep_finished)
+        """Apply ``--keep-finished`` and ``--keep-finished-days``."""
+        days = self.keep_days
+        archive.retain(self.daemon, self.keep_finished, None if days is None else days * 86400)
 
     async def keep(self) -> None:
         """Apply the retention now and every `KEEP_EVERY_S`, while the daemon runs."""
@@ -310,12 +312,15 @@ def of(daemon: Wardend) -> Lifecycle:
     return found
 
 
-async def serve(daemon: Wardend, keep_finished: int | None = None) -> int:
-    """Run ``daemon`` with its retention applied (``--keep-finished``); its exit status."""
+async def serve(
+    daemon: Wardend, keep_finished: int | None = None, keep_days: float | None = None
+) -> int:
+    """Run ``daemon`` with its retention applied (``--keep-finished``, ``--keep-finished-days``);
+    its exit status."""
     lifecycle = of(daemon)
-    lifecycle.keep_finished = keep_finished
+    lifecycle.keep_finished, lifecycle.keep_days = keep_finished, keep_days
     keeper = None
-    if keep_finished is not None:
+    if keep_finished is not None or keep_days is not None:
         # Started before the daemon's run: its first turn comes once the table is loaded.
         keeper = asyncio.get_running_loop().create_task(lifecycle.keep())
     try:
