@@ -141,6 +141,26 @@ def test_job_traces_reads_attempt_folders_and_caches_finished_ones(tmp_path: Pat
     assert traces.traces(tmp_path / "jobs" / "j")[0] is trace
 
 
+def test_job_traces_reads_a_growing_events_file_from_where_it_stopped(tmp_path: Path) -> None:
+    """A running attempt: appended events are added; a line still being written waits."""
+    folder = tmp_path / "attempts" / "1"
+    folder.mkdir(parents=True)
+    (folder / "job.json").write_text("{}")
+    events = folder / "events.jsonl"
+    events.write_text(encode("ready", READY, 1.0))
+    traces = goodput.JobTraces()
+    assert [m.kind for m in traces.traces(tmp_path)[0].marks] == ["ready"]
+    line = encode("checkpoint", {**COMMIT, "step": 2, "seconds": 0.5}, 2.0)
+    with events.open("a") as stream:
+        stream.write(line[:20])
+    assert len(traces.traces(tmp_path)[0].marks) == 1
+    with events.open("a") as stream:
+        stream.write(line[20:])
+    [trace] = traces.traces(tmp_path)
+    assert trace.marks == (Mark("ready", 1.0), Mark("checkpoint", 2.0, 2, 0.5))
+    assert trace.ended is None
+
+
 def test_render_goodput_names_the_share_and_the_largest_cause_first() -> None:
     """The detail view's two lines."""
     found = account(0.0, [Trace(1, 4.0, 10.0, None, (Mark("ready", 5.0), *steps(1, 3, 5.5)))], 10)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobwarden.events import Event, read_events
+from jobwarden.events import Event, parse_lines
 
 BUCKETS = ("queue", "backoff", "startup", "restore", "replay", "checkpoint", "stall", "other")
 KEPT = frozenset({"started", "restored", "ready", "progress", "checkpoint", "completed"})
@@ -211,10 +211,11 @@ MAX_CACHED = 4096
 
 
 class JobTraces:
-    """Reads a job's attempt folders into traces, each re-read only when its files changed."""
+    """Reads a job's attempt folders into traces; a growing events file is read from where
+    the last read stopped, and an attempt whose files did not change is not read again."""
 
     def __init__(self) -> None:
-        self._cache: dict[Path, tuple[tuple[int, int, bool], Trace]] = {}
+        self._cache: dict[Path, tuple[tuple[int, int, bool], int, Trace]] = {}
 
     def goodput(
         self, job_folder: Path, history: Sequence[Mapping[str, Any]], now: float
@@ -240,18 +241,25 @@ class JobTraces:
         events, exit_file = folder / "events.jsonl", folder / "exit.json"
         try:
             stat = events.stat()
-            key = (stat.st_size, stat.st_mtime_ns, exit_file.exists())
+            key = (stat.st_ino, stat.st_size, exit_file.exists())
+            cached = self._cache.get(folder)
+            if cached is not None and cached[0] == key:
+                return cached[2]
+            same_file = cached is not None and cached[0][0] == stat.st_ino
+            offset, marks = (cached[1], cached[2].marks) if same_file and cached else (0, ())
+            with events.open("rb") as stream:
+                stream.seek(offset)
+                data = stream.read(max(0, stat.st_size - offset))
         except OSError:
             return None
-        cached = self._cache.get(folder)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        marks = marks_of(read_events(events))
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits
+        lines = complete.decode("utf-8", errors="replace").splitlines()
+        marks = (*marks, *marks_of(parse_lines(lines)))
         launched, ended, stopped = _launch_and_end(folder, marks)
         trace = Trace(number, launched, ended, stopped, marks)
         if len(self._cache) >= MAX_CACHED:
             self._cache.clear()
-        self._cache[folder] = (key, trace)
+        self._cache[folder] = (key, offset + len(complete), trace)
         return trace
 
 
