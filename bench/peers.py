@@ -100,7 +100,7 @@ class Supervisord:
 
     def __init__(self, folder: Path, job_file: Path, cache: Path) -> None:
         self.folder = folder
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=True)  # job_file may have made it
         argv = worker_argv(job_file, folder / "checkpoints", cache)
         conf = folder / "supervisord.conf"
         conf.write_text(
