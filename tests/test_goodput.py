@@ -17,6 +17,8 @@ import pytest
 from jobwarden.control.tables import render_goodput
 from jobwarden.daemon import goodput
 from jobwarden.daemon.goodput import Mark, Trace, account, failure_cost, marks_of
+from jobwarden.daemon.incidents import Incident, render_runbook
+from jobwarden.daemon.policy import IncidentKind
 from jobwarden.events import encode, parse_line
 from tests.conftest import Runner
 from tests.daemon import Daemon, linreg_job
@@ -109,6 +111,14 @@ def test_failure_cost_splits_the_time_from_last_update_to_first_new_one() -> Non
 
 READY = {"step": 0, "warmup_s": 0.5, "state_hash": "00", "components": {}}
 COMMIT = {"file": "ckpt", "bytes": 8, "state_hash": "00"}
+
+
+def test_runbook_says_where_an_incident_s_time_lost_went() -> None:
+    """The runbook's work-replayed section lists the cost by cause."""
+    incident = Incident("j-1", "j", IncidentKind.CRASH, 0.0, 1, "killed", replayed_steps=[6, 7])
+    incident.time_lost_s, incident.cost_s = 2.0, {"lost": 0.3, "backoff": 0.5, "replay": 1.2}
+    text = render_runbook(incident)
+    assert "Where that time went: lost 0.30 s, backoff 0.50 s, replay 1.20 s." in text
 
 
 def test_marks_of_parsed_lines_prefers_blocked_s_and_skips_malformed_lines() -> None:

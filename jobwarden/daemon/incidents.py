@@ -161,6 +161,9 @@ def render_runbook(incident: Incident) -> str:
             else "."
         ),
     ]
+    if incident.cost_s:
+        causes = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in incident.cost_s.items())
+        out += ["", f"Where that time went: {causes}."]
     out += ["", "## Verification", ""]
     ver = incident.verification
     if not ver or not ver.get("checks"):
