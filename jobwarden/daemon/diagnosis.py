@@ -32,7 +32,7 @@ K = IncidentKind
 
 
 INJECTED_AS = {
-    K.CRASH: ("fail_after", "crash_after", "crash_in_commit"),
+    K.CRASH: ("fail_after", "crash_after", "crash_in_commit", "crash_every_s"),
     K.STALL: ("stall_at",),
 }
 """The drill faults that cause each kind of failure."""
