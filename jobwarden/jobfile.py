@@ -179,7 +179,8 @@ class Job:
         if self.faults.every_attempt:
             return self
         chaos = self.faults.crash_every_s  # a soak's fault: every attempt by definition
-        return dataclasses.replace(self, faults=FaultSection(crash_every_s=chaos))
+        kept = FaultSection() if chaos is None else FaultSection(crash_every_s=chaos)
+        return dataclasses.replace(self, faults=kept)
 
     def train_fields(self) -> dict[str, Any]:
         """The normalized training fields, defaults filled in (none for a command job)."""
