@@ -21,6 +21,20 @@ SETTLED_STATES = tuple(sorted(state.value for state in SETTLED))
 ANY_STATE = tuple(state.value for state in JobState)
 """Every state: waiting for one of them waits until the daemon has accepted the job."""
 
+WARDENCTL = [sys.executable, "-m", "jobwarden.control.cli"]
+"""The command line of wardenctl, run by this interpreter."""
+
+
+def ctl(daemon: Daemon, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """wardenctl --root ROOT ARGS."""
+    return subprocess.run(
+        [*WARDENCTL, "--root", str(daemon.root), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
 
 class Daemon:
     """One wardend process; `drop` submits a job file, `wait` polls its state over the socket."""

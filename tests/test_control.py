@@ -9,7 +9,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -22,10 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jobwarden.control import client
 from jobwarden.control.protocol import MAX_REQUEST_BYTES
-from tests.daemon import Daemon, linreg_job
+from tests.daemon import WARDENCTL, Daemon, ctl, linreg_job
 from tests.helpers import wait_until
-
-WARDENCTL = [sys.executable, "-m", "jobwarden.control.cli"]
 
 
 @pytest.fixture(scope="module")
@@ -36,17 +33,6 @@ def live(tmp_path_factory: pytest.TempPathFactory, compile_cache: Path) -> Itera
         daemon.drop("crash.toml", linreg_job("crash", faults={"fail_after": 3}))
         assert daemon.wait("crash")["state"] == "completed"
         yield daemon
-
-
-def ctl(daemon: Daemon, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """wardenctl --root ROOT ARGS."""
-    return subprocess.run(
-        [*WARDENCTL, "--root", str(daemon.root), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def raw_exchange(path: Path, payload: bytes, wait: float = 5) -> bytes:

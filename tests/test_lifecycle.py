@@ -5,31 +5,17 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from jobwarden.control.protocol import ControlError
-from tests.daemon import ANY_STATE, Daemon, linreg_job
+from tests.daemon import ANY_STATE, Daemon, ctl, linreg_job
 from tests.helpers import wait_until
 
-WARDENCTL = [sys.executable, "-m", "jobwarden.control.cli"]
 SLOW = {"steps": 3000, "checkpoint_every": 100}
 SLOW_FAULTS = {"step_delay_s": 0.01}  # the first attempt only: about 30 s, stopped long before
-
-
-def ctl(daemon: Daemon, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """wardenctl --root ROOT ARGS."""
-    return subprocess.run(
-        [*WARDENCTL, "--root", str(daemon.root), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def running_past(daemon: Daemon, job: str, step: int = 20) -> dict[str, object]:

@@ -7,7 +7,6 @@ import io
 import json
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,21 +15,8 @@ import pytest
 
 from jobwarden.control.protocol import ControlError
 from jobwarden.daemon import tailing
-from tests.daemon import Daemon, linreg_job
+from tests.daemon import WARDENCTL, Daemon, ctl, linreg_job
 from tests.helpers import wait_until
-
-WARDENCTL = [sys.executable, "-m", "jobwarden.control.cli"]
-
-
-def ctl(daemon: Daemon, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """wardenctl --root ROOT ARGS."""
-    return subprocess.run(
-        [*WARDENCTL, "--root", str(daemon.root), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def lines(daemon: Daemon, *args: str) -> list[str]:

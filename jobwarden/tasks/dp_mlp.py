@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from jobwarden.tasks import mlp
 from jobwarden.tasks.base import State, TrainFields, Update
-from jobwarden.tasks.mlp import MLP, MLPTrain
+from jobwarden.tasks.mlp import MLP, MLPTrain, forward
 
 
 class DPMLPTrain(MLPTrain):
@@ -53,14 +53,6 @@ class DPMLP(MLP):
         split = NamedSharding(mesh, PartitionSpec("members"))  # type: ignore[no-untyped-call]
         x, y = np.asarray(data["x"]), np.asarray(data["y"])
         optimizer = self._optimizer()
-
-        def forward(params: Any, inputs: Any) -> Any:
-            hidden = inputs
-            names = sorted(params)
-            for name in names[:-1]:
-                hidden = jnp.tanh(hidden @ params[name]["w"] + params[name]["b"])
-            last = params[names[-1]]
-            return (hidden @ last["w"] + last["b"])[:, 0]
 
         def step(state: State) -> tuple[State, Any]:
             key, sample = jax.random.split(state["key"])

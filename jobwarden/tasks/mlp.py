@@ -39,6 +39,18 @@ def width_for_bytes(target: int, depth: int = 2, in_dim: int = 16) -> int:
     return max(1, round((-b + math.sqrt(b * b + 4 * a * target)) / (2 * a)))
 
 
+def forward(params: Any, inputs: Any) -> Any:
+    """The network: tanh layers in the order of their names, then a linear output."""
+    import jax.numpy as jnp
+
+    hidden = inputs
+    names = sorted(params)
+    for name in names[:-1]:
+        hidden = jnp.tanh(hidden @ params[name]["w"] + params[name]["b"])
+    last = params[names[-1]]
+    return (hidden @ last["w"] + last["b"])[:, 0]
+
+
 class MLP(Task):
     """Regression of a fixed random teacher by a tanh MLP."""
 
@@ -91,14 +103,6 @@ class MLP(Task):
         x, y = data["x"], data["y"]
         optimizer = self._optimizer()
         batch, examples = self.train.batch_size, self.train.examples
-
-        def forward(params: Any, inputs: Any) -> Any:
-            hidden = inputs
-            names = sorted(params)
-            for name in names[:-1]:
-                hidden = jnp.tanh(hidden @ params[name]["w"] + params[name]["b"])
-            last = params[names[-1]]
-            return (hidden @ last["w"] + last["b"])[:, 0]
 
         def step(state: State) -> tuple[State, Any]:
             key, sample = jax.random.split(state["key"])
