@@ -171,9 +171,19 @@ class Program:
     heartbeat: HeartbeatSection | None = None
 
     def label(self, limit: int = 120) -> str:
-        """The command as a shell would show it, cut to ``limit`` characters."""
+        """The command as a shell would show it, within ``limit`` characters.
+
+        A long command keeps every argument's meaning: absolute paths lose their
+        folders first (``.../train.py``), then the middle is cut, never the end.
+        """
         text = shlex.join(self.argv)
-        return text if len(text) <= limit else text[: limit - 3] + "..."
+        if len(text) <= limit:
+            return text
+        text = shlex.join(_short_path(arg) for arg in self.argv)
+        if len(text) <= limit:
+            return text
+        half = (limit - 3) // 2
+        return text[:half] + "..." + text[len(text) - (limit - 3 - half) :]
 
     def to_record(self) -> dict[str, Any]:
         """The program's fields of a job file, as JSON-ready data."""
@@ -186,3 +196,10 @@ class Program:
         if self.heartbeat is not None:
             record["heartbeat"] = self.heartbeat.model_dump(exclude_none=True)
         return record
+
+
+def _short_path(arg: str) -> str:
+    """An absolute path as ``.../name``; any other argument unchanged."""
+    if arg.startswith("/") and "/" in arg[1:]:
+        return ".../" + arg.rsplit("/", 1)[1]
+    return arg

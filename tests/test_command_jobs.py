@@ -368,6 +368,19 @@ def test_a_command_job_reads_back_from_its_own_record_unchanged(tmp_path: Path) 
     assert again.label() == "command `python t.py`"
 
 
+def test_a_long_command_keeps_its_program_name_in_words() -> None:
+    """A deep interpreter path and a deep script path still show the script's name."""
+    deep = "/" + "/".join(["very-long-folder-name"] * 8)
+    argv = [f"{deep}/bin/python3", f"{deep}/work/train.py", "--lr", "0.1"]
+    job = job_from_mapping({"id": "l", "command": argv, "sdk": False})
+    assert job.label() == "command `.../python3 .../train.py --lr 0.1`"
+    many = job_from_mapping({"id": "m", "command": ["run", *["x" * 30] * 10, "last"], "sdk": False})
+    assert many.program is not None
+    label = many.program.label()
+    assert (len(label), label[:4], label[-5:]) == (120, "run ", " last")
+    assert "..." in label
+
+
 class TestHeartbeat:
     """The plain program's heartbeat watch on a hand-driven clock."""
 
