@@ -27,9 +27,15 @@ lint: setup
 
 bench: setup
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,examples,bench]'
+	$(BIN)/python bench/recovery.py
+	$(BIN)/python bench/async_commit.py
+	$(BIN)/python bench/peers.py
+	$(BIN)/python bench/goodput.py
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/daemon.py
 	$(BIN)/python bench/control.py
+	$(BIN)/python bench/sdk.py
+	$(BIN)/python bench/summary.py
 
 constraints: setup
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,examples,bench]'

@@ -33,6 +33,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from figures import Figure, at_most, context, records
+
 from jobwarden.tasks.mlp import width_for_bytes
 from jobwarden.worker.command import worker_argv
 
@@ -117,6 +119,19 @@ def measure(size_mib: int, steps: int, repeats: int, cache: Path, base: Path) ->
     }
 
 
+def figures(rows: list[dict[str, Any]]) -> list[Figure]:
+    """The summary's rows: both targets at each size."""
+    out = []
+    for r in rows:
+        size = f"mlp {r['size_mib']} MiB, commit every {EVERY}"
+        out += [
+            at_most(f"{size}: blocked / sync commit", r["block_ratio"], BLOCK_TARGET, ".3f"),
+            at_most(f"{size}: async wall / none", r["async_wall_ratio"], WALL_TARGET, ".3f"),
+            context(f"{size}: sync wall / none", r["sync_wall_ratio"], ".3f"),
+        ]
+    return out
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The printed table."""
     head = (
@@ -155,7 +170,12 @@ def main() -> None:
         ]
     print(table(rows))
     RESULTS.parent.mkdir(exist_ok=True)
-    record = {"cpus": _cpus(), "python": platform.python_version(), "rows": rows}
+    record = {
+        "cpus": _cpus(),
+        "python": platform.python_version(),
+        "rows": rows,
+        "figures": records(figures(rows)),
+    }
     RESULTS.write_text(json.dumps(record, indent=2) + "\n")
 
 

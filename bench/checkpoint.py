@@ -53,6 +53,7 @@ from typing import Any, TypeVar
 
 import jax
 import numpy as np
+from figures import at_least, at_most, records
 
 from jobwarden.checkpoint import format
 from jobwarden.checkpoint.store import CheckpointStore, file_name
@@ -717,6 +718,26 @@ def main(argv: list[str] | None = None) -> int:
             "targets_met": tiny_met,
         },
         "targets_met": met,
+        "figures": records(
+            [
+                *(
+                    at_least(f"{r.mib} MiB {name.replace('_', ' ')}", value, TARGET_RATIO, ".2f")
+                    for r in results
+                    for name, value in r.ratios().items()
+                    if name in ("save_vs_raw_write", "load_vs_raw_read")
+                ),
+                *(
+                    at_most(
+                        f"tiny state, {name}, median",
+                        tiny[name].median * 1e3,
+                        TARGET_TINY_MS,
+                        ".2f",
+                        " ms",
+                    )
+                    for name in ("commit", "full")
+                ),
+            ]
+        ),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")

@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from figures import Figure, at_most, records
 
 from jobwarden.states import SETTLED
 from jobwarden.worker.command import worker_argv
@@ -380,6 +381,20 @@ class Measure:
             "samples_s": self.samples,
             **self.extra,
         }
+
+
+def measure_figures(measures: list[Measure]) -> list[Figure]:
+    """The summary's rows: every measure with a target, on its statistic."""
+    out = []
+    for m in measures:
+        value = m.stat(m.target_on)
+        if m.target_s is None or value is None:
+            continue
+        scale, fmt, unit = (1000, ".1f", " ms") if m.unit == "ms" else (1, ".3f", " s")
+        out.append(
+            at_most(f"{m.name}, {m.target_on}", value * scale, m.target_s * scale, fmt, unit)
+        )
+    return out
 
 
 def table(measures: list[Measure]) -> str:
@@ -805,6 +820,7 @@ def main(argv: list[str] | None = None) -> int:
             "filesystem": fs,
         },
         "measures": [m.as_record() for m in measures],
+        "figures": records(measure_figures(measures)),
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {os.path.relpath(args.out)}")

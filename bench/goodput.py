@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from figures import Figure, at_least, context, records
+
 from jobwarden.control import client
 from jobwarden.control.client import DaemonUnreachable
 from jobwarden.worker.command import worker_argv
@@ -169,6 +171,24 @@ def main() -> None:
         "crash_costs_s": [i.get("cost_s", {}) for i in crashes],
         "target": TARGET,
         "pass": verdict == "PASS",
+        "figures": records(
+            [
+                at_least(
+                    f"linreg {args.minutes:g} min, crash_every_s = {args.crash_every:g}: goodput",
+                    share["goodput"] * 100,
+                    TARGET * 100,
+                    ".2f",
+                    " %",
+                ),
+                Figure(
+                    "the same: final state equal to an uninterrupted run's",
+                    "yes" if equal else "no",
+                    "yes",
+                    verdict(equal),
+                ),
+                context(f"the same: crashes, {verified} verified", len(crashes), "d"),
+            ]
+        ),
     }
     RESULTS.write_text(json.dumps(record, indent=2) + "\n")
 

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from figures import context, records
+
 JOB = """id = "bench"
 task = "dp_mlp"
 [train]
@@ -147,7 +149,18 @@ def main() -> None:
         )
     out = Path(__file__).parent / "results" / "multiprocess.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"startup_and_update": rows, "commit": commit_rows}, indent=2) + "\n")
+    found = [
+        *(context(f"{r['n']} processes: all ready", r["ready_s"], ".2f", " s") for r in rows),
+        *(context(f"{r['n']} processes: update", r["update_ms"], ".3f", " ms") for r in rows),
+        *(
+            context(
+                f"{r['n']} processes: commit of {args.commit_mib} MiB", r["total_ms"], ".1f", " ms"
+            )
+            for r in commit_rows
+        ),
+    ]
+    record = {"startup_and_update": rows, "commit": commit_rows, "figures": records(found)}
+    out.write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":

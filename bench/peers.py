@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon import Wardend, job_text, median, private_dir, running
+from figures import Figure, at_most, context, records
 from recovery import wait_spare
 
 from jobwarden.worker.command import worker_argv
@@ -298,6 +299,29 @@ def main(argv: list[str] | None = None) -> int:
         "ratio": ratio,
         "target_ratio": TARGET_RATIO,
         "verdict": "PASS" if ratio <= TARGET_RATIO else "FAIL",
+        "figures": records(
+            [
+                at_most("recovery p50, wardend / supervisord", ratio, TARGET_RATIO, ".3f"),
+                context("recovery p50, wardend", p50_ours, ".3f", " s"),
+                context("recovery p50, supervisord", p50_theirs, ".3f", " s"),
+                Figure(
+                    "resumed runs verified, wardend / supervisord",
+                    f"{verified} of {len(ours['verdicts'])} / none",
+                ),
+                context(
+                    f"wall time, {THREE_STEPS} updates and 3 kills, wardend",
+                    ours["three"]["wall_s"],
+                    ".2f",
+                    " s",
+                ),
+                context(
+                    f"wall time, {THREE_STEPS} updates and 3 kills, supervisord",
+                    theirs["three"]["wall_s"],
+                    ".2f",
+                    " s",
+                ),
+            ]
+        ),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -14,7 +14,12 @@ one run):
   row and waits ``restart_backoff_s`` (0.5 s) first, as the old policy's first
   restart did; measured from that second kill;
 - *new policy, no spare*: ``--no-warm-spare``, the first restart is immediate;
-- *new policy, warm spare*: the default daemon.
+- *new policy, warm spare*: the default daemon;
+- *digits, default settings*: the SDK example of examples/digits (Flax NNX
+  and optax) as a command job on a default daemon, ``steps = 400``, the same
+  delay and kill.  SDK programs get no warm spare, so this is a cold start:
+  the interpreter, JAX and Flax imported, the data loaded, the update
+  compiled (from the shared compilation cache).  No target of its own.
 
 The breakdown (p50): kill to ``attempt.exited`` (detection), to
 ``attempt.started`` (incident, backoff), to the worker's ``started`` event
@@ -38,11 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from daemon import Measure, Wardend, is_event, job_text, median, private_dir, running, stamp, table
+from figures import Figure, at_most, context, records
 
 RESULTS = Path(__file__).resolve().parent / "results" / "recovery.json"
 KILL_AT = 40
 TARGET_S = 0.3
 JOB = {"run": {"steps": 400}, "faults": {"step_delay_s": 0.05}}
+DIGITS = Path(__file__).resolve().parent.parent / "examples" / "digits"
 Record = dict[str, Any]
 
 
@@ -102,9 +109,27 @@ def settled(job: str) -> Any:
     )
 
 
+def digits_text(job_id: str) -> str:
+    """The digits example as a command job, with `JOB`'s sections."""
+    lines = [
+        f'id = "{job_id}"',
+        f"command = {json.dumps([sys.executable, str(DIGITS / 'train.py')])}",
+        f"workdir = {json.dumps(str(DIGITS))}",
+        "sdk = true",
+        "[run]",
+        "steps = 400",
+        "checkpoint_every = 10",
+        "[faults]",
+        "step_delay_s = 0.05",
+        "[supervision]",
+        "stall_timeout_s = 60",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def sample(daemon: Wardend, job: str, variant: str) -> Record:
     """One job of ``variant``: its kill(s) and the timeline of the measured recovery."""
-    daemon.drop(f"{job}.toml", job_text(job, JOB))
+    daemon.drop(f"{job}.toml", digits_text(job) if variant == "digits" else job_text(job, JOB))
     if variant == "spare":
         wait_spare(daemon)
     killed = kill_after(daemon, job, 1, KILL_AT)
@@ -138,6 +163,7 @@ NAMES = {
     "old": "recovery: old policy (0.5 s backoff first), no spare",
     "cold": "recovery: new policy (first restart at once), no spare",
     "spare": "recovery: new policy + warm spare (default)",
+    "digits": "recovery: digits example (SDK, Flax), default settings",
 }
 
 
@@ -155,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
             running(base / "old", cache, "--no-warm-spare") as old,
             running(base / "cold", cache, "--no-warm-spare") as cold,
             running(base / "spare", cache) as spare,
+            running(base / "digits", cache) as digits,
         ):
-            daemons = {"old": old, "cold": cold, "spare": spare}
+            daemons = {"old": old, "cold": cold, "spare": spare, "digits": digits}
             for v, d in daemons.items():  # warm the compile cache and start the spare
                 sample(d, f"warmup-{v}", v)
             for i in range(args.samples):
@@ -199,10 +226,25 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "ratio_spare_over_old_p50": p50["spare"] / p50["old"],
         "measures": [m.as_record() for m in measures],
+        "figures": records(figures(measures)),
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {os.path.relpath(args.out)}")
     return 0
+
+
+def figures(measures: list[Measure]) -> list[Figure]:
+    """The summary's rows: the spare's p50 against its target, the others beside it."""
+    out = []
+    for m in measures:
+        p50 = m.stat("p50")
+        assert p50 is not None
+        name = f"{m.name.removeprefix('recovery: ')}, SIGKILL to first resumed progress, p50"
+        if m.target_s is not None:
+            out.append(at_most(f"linreg, {name}", p50, m.target_s, ".3f", " s"))
+        else:
+            out.append(context(name if "digits" in m.name else f"linreg, {name}", p50, ".3f", " s"))
+    return out
 
 
 if __name__ == "__main__":

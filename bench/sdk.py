@@ -51,6 +51,7 @@ from jobwarden.worker.runtime import pin_environment
 pin_environment()  # single-threaded XLA, as an attached run has it; before JAX starts
 
 import jax  # noqa: E402
+from figures import at_most, records  # noqa: E402
 
 import jobwarden.sdk as jw  # noqa: E402
 from jobwarden import state as state_tree  # noqa: E402
@@ -311,6 +312,19 @@ def main(argv: list[str] | None = None) -> int:
         },
         "target": TARGET,
         "models": [r.record() for r in results],
+        "figures": records(
+            [
+                at_most(
+                    f"SDK overhead per update, hidden {r.hidden}, hash_every={v.hash_every}",
+                    r.overhead(v) * 100,
+                    TARGET * 100,
+                    ".1f",
+                    " %",
+                )
+                for r in results
+                for v in r.attached
+            ]
+        ),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")

@@ -31,6 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from figures import context, records
+
 from tests.daemon import Daemon, linreg_job
 from tests.slurm.cluster import Cluster, ensure_installed
 
@@ -125,6 +127,17 @@ def main() -> int:
                 "medians_s": medians,
                 "runs": runs,
                 "bring_up_s": round(cluster.started_s, 3),
+                "figures": records(
+                    [
+                        *(
+                            context(
+                                f"recovery, {name} launcher, median", row["recovery_s"], ".3f", " s"
+                            )
+                            for name, row in medians.items()
+                        ),
+                        context("Slurm's added recovery time", extra, ".3f", " s"),
+                    ]
+                ),
             },
             indent=2,
         )
