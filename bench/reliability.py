@@ -75,6 +75,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+from figures import Figure, at_most, records, verdict
 
 from jobwarden.checkpoint import format as ckformat
 from jobwarden.checkpoint.errors import CheckpointError
@@ -2796,10 +2797,32 @@ def main(argv: list[str] | None = None) -> int:
         result["sections"] = merged
         result["passed"] = all(r["passed"] for r in merged)
         result["merged_from"] = saved.get("created")
+    result["figures"] = records(reliability_figures(result["sections"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     print(f"\nwrote {os.path.relpath(args.out)}")
     return 0 if result["passed"] else 1
+
+
+def reliability_figures(sections: list[Record]) -> list[Figure]:
+    """The summary's rows: jobs lost and writes outside the root, then each section's checks."""
+    lost = [s["figures"]["lost"] for s in sections if "lost" in s["figures"]]
+    outside = [s["figures"]["writes_outside_root"] for s in sections if s["section"] == "links"]
+    out = []
+    if lost:
+        out.append(at_most("jobs lost, kill sweeps and long run", sum(lost), 0, "d"))
+    if outside:
+        out.append(at_most("writes outside the root, links planted", sum(outside), 0, "d"))
+    for s in sections:
+        out.append(
+            Figure(
+                f"section {s['section']}: every check",
+                "held" if s["passed"] else "missed",
+                "all hold",
+                verdict(s["passed"]),
+            )
+        )
+    return out
 
 
 if __name__ == "__main__":
