@@ -448,6 +448,47 @@ class TestStatusRows:
         table.transition(record, JobState.STARTING, "test")
         assert (shown(1014.0)["state"], shown(1014.0)["step"]) == ("starting", 5)
 
+    def test_the_columns_are_reused_until_the_table_changes(self, tmp_path: Path) -> None:
+        """Ages fresh at each request; a save, an added job or a held job's row seen at once."""
+        from jobwarden.daemon.jobs import JobTable
+        from jobwarden.daemon.status import StatusRows
+
+        root = Root(tmp_path / "root")
+        root.create()
+        table = JobTable(root)
+        for job_id in ("a", "b"):
+            root.job(job_id).mkdir()
+            table.add(job_from_mapping({"id": job_id, "task": "linreg"}))
+        a, b = table.get("a"), table.get("b")
+        assert a is not None and b is not None
+        a.last_progress = 1000.0
+        held: dict[str, object] = {}
+        daemon = SimpleNamespace(supervisors=held, is_live=lambda job: False, table=table)
+        rows = StatusRows()
+
+        def shown(now: float) -> dict[str, list[Any]]:
+            return dict(zip(TABLE_FIELDS, rows.columns(daemon, now), strict=True))
+
+        first = shown(1010.0)
+        assert (first["id"], first["last_progress_age_s"]) == (["a", "b"], [10.0, None])
+        assert shown(1011.5)["last_progress_age_s"] == [11.5, None]
+        b.last_progress = 1011.0  # not saved: unseen
+        assert shown(1011.5)["last_progress_age_s"] == [11.5, None]
+        table.save(b)
+        assert shown(1011.5)["last_progress_age_s"] == [11.5, 0.5]
+        b.step = 7  # not saved, not held: the kept columns stand
+        assert shown(1012.0)["step"] == [0, 0]
+        held["b"] = object()  # a supervisor takes b: its row is made at each request
+        assert shown(1012.0)["step"] == [0, 7]
+        b.step = 8
+        assert shown(1012.0)["step"] == [0, 8]
+        del held["b"]
+        root.job("c").mkdir()
+        table.add(job_from_mapping({"id": "c", "task": "linreg"}))
+        assert shown(1013.0)["id"] == ["a", "b", "c"]
+        table.drop("a")
+        assert shown(1013.0)["id"] == ["b", "c"]
+
 
 class TestStatusAnswer:
     """status sends its table column by column; rows=true sends the full rows."""

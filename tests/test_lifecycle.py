@@ -175,22 +175,23 @@ def test_escalated_job_removed_then_replaced(live: Daemon, tmp_path: Path) -> No
 @pytest.mark.slow
 def test_inspect_and_verify_through_the_socket(live: Daemon) -> None:
     """inspect JOB [STEP] and verify JOB REFERENCE answer through the daemon."""
-    live.wait("base")
-    newest = json.loads(ctl(live, "inspect", "base", "--json").stdout)
+    live.drop("origin.toml", linreg_job("origin", "origin"))  # its own: tests share a daemon
+    live.wait("origin")
+    newest = json.loads(ctl(live, "inspect", "origin", "--json").stdout)
     assert (newest["verdict"]["ok"], newest["step"]) == (True, 8)
-    older = ctl(live, "inspect", "base", "4")
+    older = ctl(live, "inspect", "origin", "4")
     assert older.returncode == 0, older.stderr
     assert "step: 4" in older.stdout
-    assert ctl(live, "inspect", "base", "5").returncode == 4
+    assert ctl(live, "inspect", "origin", "5").returncode == 4
     missing = ctl(live, "inspect", "no/such/ckpt-0000000004.safetensors")
     assert (missing.returncode, "no such file" in missing.stderr) == (2, True)
     assert "REFUSED" not in missing.stdout
     live.drop("copy.toml", linreg_job("copy", "copy", faults={"fail_after": 3}))
     assert live.wait("copy")["state"] == "completed"
-    proven = ctl(live, "verify", "copy", "base")
+    proven = ctl(live, "verify", "copy", "origin")
     assert proven.returncode == 0, proven.stdout + proven.stderr
     assert "PROVEN" in proven.stdout
-    record = json.loads(ctl(live, "verify", "copy", "base", "--json").stdout)
+    record = json.loads(ctl(live, "verify", "copy", "origin", "--json").stdout)
     assert record["proven"] is True
     assert record["restored_steps"] == [2]
     assert ctl(live, "verify", "copy", "nobody").returncode == 4

@@ -120,6 +120,8 @@ class JobTable:
         self.root = root
         self.records: dict[str, JobRecord] = {}
         self.unsaved: set[str] = set()
+        self.version = 0
+        """Counts the changes of the table: a record saved, added or dropped (`StatusRows`)."""
         self.listeners: list[Callable[[JobRecord, JobState | None, str], None]] = []
         """Called after each transition (and on adoption, from None) with the source and reason."""
 
@@ -136,6 +138,7 @@ class JobTable:
     def drop(self, job_id: str) -> JobRecord | None:
         """Forget a job whose folder has left ``jobs/`` (archived): its id is free again."""
         self.unsaved.discard(job_id)
+        self.version += 1
         return self.records.pop(job_id, None)
 
     def add(self, job: Job) -> JobRecord:
@@ -150,6 +153,7 @@ class JobTable:
         """Register a job whose folder `create_folder` has just made durable, as it was saved."""
         record = read_folder(self.root.job(job_id))
         self.records[record.id] = record
+        self.version += 1
         log.info("job.queued", job=record.id, task=record.job.task, checkpoint=record.checkpoint)
         for listener in self.listeners:
             listener(record, None, record.reason)
@@ -164,6 +168,7 @@ class JobTable:
         always completes, and the job's supervision goes on.
         """
         record.updated = time.time()
+        self.version += 1
         try:
             write_text_atomic(self.root.job(record.id) / "state.json", state_text(record))
         except OSError as error:
@@ -235,6 +240,7 @@ class JobTable:
                 continue
             if record is not None:
                 self.records[record.id] = record
+                self.version += 1
                 loaded.append(record)
         return sorted(loaded, key=lambda r: r.submitted)
 
