@@ -460,7 +460,8 @@ class TestStatusRows:
             root.job(job_id).mkdir()
             table.add(job_from_mapping({"id": job_id, "task": "linreg"}))
         a, b = table.get("a"), table.get("b")
-        assert a is not None and b is not None
+        assert a is not None
+        assert b is not None
         a.last_progress = 1000.0
         held: dict[str, object] = {}
         daemon = SimpleNamespace(supervisors=held, is_live=lambda job: False, table=table)
