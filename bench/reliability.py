@@ -75,7 +75,11 @@ from typing import Any
 
 import numpy as np
 import psutil
-from figures import Figure, at_most, records, verdict
+
+try:  # run as a script, bench/ is on the path; the tests import it as bench.reliability
+    from figures import Figure, at_most, records, verdict
+except ImportError:
+    from bench.figures import Figure, at_most, records, verdict
 
 from jobwarden.checkpoint import format as ckformat
 from jobwarden.checkpoint.errors import CheckpointError
