@@ -99,6 +99,28 @@ class TestTwoProcesses:
         assert [single, single] == final_hashes(daemon, "mp-ok", 1)
 
 
+def test_async_commit_in_a_two_process_job_recovers_verified_to_the_same_state(
+    daemon: Daemon,
+) -> None:
+    """[run] async_commit with 2 processes: member 1 killed after update 5 of 8, all restart
+    from a durable checkpoint, the replay is verified, and both members end in the state of
+    the same job committing synchronously with no failure."""
+    submit(daemon, "mp-sync")
+    submit(daemon, "mp-async", run={"async_commit": True}, faults={"crash_after": 5, "process": 1})
+    assert settle(daemon, "mp-sync")["state"] == "completed"
+    status = settle(daemon, "mp-async")
+    assert (status["state"], status["attempt"]) == ("completed", 2)
+    [incident] = daemon.incidents("mp-async")
+    assert incident["verification"]["verdict"] == "verified"
+    assert incident["recovery_point"]["step"] in (2, 4)
+    events = (daemon.job_folder("mp-async") / "attempts" / "1" / "events.jsonl").read_text()
+    committed = [json.loads(x) for x in events.splitlines() if '"checkpoint"' in x]
+    assert committed, "attempt 1 committed nothing before the kill"
+    # a commit durable in the instant before the kill may not have said so yet
+    assert incident["recovery_point"]["step"] >= committed[-1]["step"]
+    assert final_hashes(daemon, "mp-async", 2) == final_hashes(daemon, "mp-sync", 1)
+
+
 @pytest.mark.parametrize("member", [0, 1])
 def test_crash_of_either_member_restarts_all_verified(daemon: Daemon, member: int) -> None:
     """A member killed after update 3 fails the attempt; all restart, the replay is verified."""

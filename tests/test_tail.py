@@ -119,6 +119,12 @@ def test_tail_of_one_attempt_and_its_stderr(live: Daemon) -> None:
     assert ctl(live, "tail", "crash", "--attempt", "9").returncode == 4  # no such attempt
 
 
+
+def interruptible() -> None:
+    """In the child before exec: SIGINT back to its default, so Python makes it
+    KeyboardInterrupt even when the suite runs where SIGINT is ignored (a background job
+    of a shell without job control)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 @pytest.mark.slow
 def test_follow_starts_at_the_end_and_ctrl_c_exits_cleanly(live: Daemon) -> None:
     """tail -f of a running job begins near its end, follows it, and exits 130 on SIGINT."""
@@ -140,6 +146,7 @@ def test_follow_starts_at_the_end_and_ctrl_c_exits_cleanly(live: Daemon) -> None
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=interruptible,  # noqa: PLW1509 - it only resets one signal
     )
     assert follow.stdout is not None
     first = json.loads(follow.stdout.readline())
@@ -180,6 +187,7 @@ def test_maintail_is_readable(live: Daemon) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=interruptible,  # noqa: PLW1509 - it only resets one signal
     )
     assert follow.stdout is not None
     follow.stdout.readline()
