@@ -119,12 +119,13 @@ def test_tail_of_one_attempt_and_its_stderr(live: Daemon) -> None:
     assert ctl(live, "tail", "crash", "--attempt", "9").returncode == 4  # no such attempt
 
 
-
 def interruptible() -> None:
     """In the child before exec: SIGINT back to its default, so Python makes it
     KeyboardInterrupt even when the suite runs where SIGINT is ignored (a background job
     of a shell without job control)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_follow_starts_at_the_end_and_ctrl_c_exits_cleanly(live: Daemon) -> None:
     """tail -f of a running job begins near its end, follows it, and exits 130 on SIGINT."""
