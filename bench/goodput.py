@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from figures import Figure, at_least, context, records
+from figures import Figure, at_least, context, records, verdict
 
 from jobwarden.control import client
 from jobwarden.control.client import DaemonUnreachable
@@ -152,8 +152,8 @@ def main() -> None:
     print(f"{'productive':<14}{share['productive_s']:>10.2f}{share['productive_s'] / wall:>9.2%}")
     for name, seconds in share["badput_s"].items():
         print(f"{name:<14}{seconds:>10.2f}{seconds / wall:>9.2%}")
-    verdict = "PASS" if share["goodput"] >= TARGET and equal else "FAIL"
-    print(f"goodput {share['goodput']:.2%} of {wall:.1f} s (target >= {TARGET:.0%}): {verdict}")
+    outcome = "PASS" if share["goodput"] >= TARGET and equal else "FAIL"
+    print(f"goodput {share['goodput']:.2%} of {wall:.1f} s (target >= {TARGET:.0%}): {outcome}")
     per_crash = [sum(i.get("cost_s", {}).values()) for i in crashes]
     if per_crash:
         print(f"median cost of a crash: {sorted(per_crash)[len(per_crash) // 2]:.2f} s")
@@ -170,7 +170,7 @@ def main() -> None:
         "goodput": share,
         "crash_costs_s": [i.get("cost_s", {}) for i in crashes],
         "target": TARGET,
-        "pass": verdict == "PASS",
+        "pass": outcome == "PASS",
         "figures": records(
             [
                 at_least(
