@@ -7,6 +7,7 @@ import io
 import json
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from jobwarden.control.protocol import ControlError
 from jobwarden.daemon import tailing
-from tests.daemon import WARDENCTL, Daemon, ctl, linreg_job
+from tests.daemon import Daemon, ctl, linreg_job
 from tests.helpers import wait_until
 
 
@@ -119,11 +120,14 @@ def test_tail_of_one_attempt_and_its_stderr(live: Daemon) -> None:
     assert ctl(live, "tail", "crash", "--attempt", "9").returncode == 4  # no such attempt
 
 
-def interruptible() -> None:
-    """In the child before exec: SIGINT back to its default, so Python makes it
-    KeyboardInterrupt even when the suite runs where SIGINT is ignored (a background job
-    of a shell without job control)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+INTERRUPTIBLE = [
+    sys.executable,
+    "-c",
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from jobwarden.control.cli import main; sys.exit(main(sys.argv[1:]))",
+]
+"""wardenctl with SIGINT raising KeyboardInterrupt even when the suite runs where SIGINT is
+ignored (a background job of a shell without job control), which Python would keep."""
 
 
 @pytest.mark.slow
@@ -143,11 +147,10 @@ def test_follow_starts_at_the_end_and_ctrl_c_exits_cleanly(live: Daemon) -> None
         retry=(ControlError,),
     )
     follow = subprocess.Popen(
-        [*WARDENCTL, "--root", str(live.root), "tail", "slow", "-f", "-n", "2", "--json"],
+        [*INTERRUPTIBLE, "--root", str(live.root), "tail", "slow", "-f", "-n", "2", "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=interruptible,  # noqa: PLW1509 - it only resets one signal
     )
     assert follow.stdout is not None
     first = json.loads(follow.stdout.readline())
@@ -162,7 +165,7 @@ def test_follow_starts_at_the_end_and_ctrl_c_exits_cleanly(live: Daemon) -> None
     assert ctl(live, "stop", "slow").returncode == 0
     live.wait("slow", ("preempted",), timeout=60)
     ended = subprocess.run(
-        [*WARDENCTL, "--root", str(live.root), "tail", "slow", "-f", "-n", "1"],
+        [*INTERRUPTIBLE, "--root", str(live.root), "tail", "slow", "-f", "-n", "1"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -184,11 +187,10 @@ def test_maintail_is_readable(live: Daemon) -> None:
     assert "wardend.ready" in [r.get("event") for r in records]
     started = time.monotonic()
     follow = subprocess.Popen(
-        [*WARDENCTL, "--root", str(live.root), "maintail", "-f", "-n", "1"],
+        [*INTERRUPTIBLE, "--root", str(live.root), "maintail", "-f", "-n", "1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=interruptible,  # noqa: PLW1509 - it only resets one signal
     )
     assert follow.stdout is not None
     follow.stdout.readline()
