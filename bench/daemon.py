@@ -123,8 +123,10 @@ def stamp(record: Record) -> float:
 
 
 def read_events(path: Path) -> list[Record]:
-    """The worker events of one attempt (malformed lines skipped)."""
-    events = []
+    """The worker events of one attempt (malformed lines skipped; none yet: empty)."""
+    events: list[Record] = []
+    if not path.exists():
+        return events
     for line in path.read_text().splitlines():
         with contextlib.suppress(ValueError):
             events.append(json.loads(line))

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from daemon import Wardend, job_text, median, private_dir, running
+from daemon import Wardend, job_text, median, private_dir, read_events, running
 from figures import Figure, at_most, context, records
 from recovery import wait_spare
 
@@ -47,18 +47,6 @@ THREE_KILLS = (1500, 3000, 4500)
 THREE_STEPS = 6000
 TARGET_RATIO = 0.25
 Record = dict[str, Any]
-
-
-def read_events(path: Path) -> list[Record]:
-    """Every event line of a file (others skipped)."""
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-    return out
 
 
 class Stream:

@@ -53,24 +53,11 @@ DIGITS = Path(__file__).resolve().parent.parent / "examples" / "digits"
 Record = dict[str, Any]
 
 
-def events(daemon: Wardend, job: str, attempt: int) -> list[Record]:
-    """The events of one attempt so far."""
-    path = daemon.attempt_folder(job, attempt) / "events.jsonl"
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-    return out
-
-
 def wait_progress(daemon: Wardend, job: str, attempt: int, at_least: int, timeout: float) -> Record:
     """The first progress event of ``attempt`` at step ``at_least`` or later."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for e in events(daemon, job, attempt):
+        for e in daemon.events(job, attempt):
             if e.get("event") == "progress" and e["step"] >= at_least:
                 return e
         time.sleep(0.002)
@@ -80,7 +67,7 @@ def wait_progress(daemon: Wardend, job: str, attempt: int, at_least: int, timeou
 def kill_after(daemon: Wardend, job: str, attempt: int, step: int) -> float:
     """SIGKILL ``attempt``'s worker right after its progress of ``step``; the kill's time."""
     wait_progress(daemon, job, attempt, step, 120)
-    started = next(e for e in events(daemon, job, attempt) if e.get("event") == "started")
+    started = next(e for e in daemon.events(job, attempt) if e.get("event") == "started")
     os.kill(started["pid"], signal.SIGKILL)
     return time.time()
 
@@ -142,7 +129,7 @@ def sample(daemon: Wardend, job: str, variant: str) -> Record:
     exited = daemon.wait_for(daemon.log, is_event("attempt.exited", job=job, attempt=measured - 1))
     started = daemon.wait_for(daemon.log, is_event("attempt.started", job=job, attempt=measured))
     daemon.wait_for(daemon.log, settled(job), 120)
-    resumed = events(daemon, job, measured)
+    resumed = daemon.events(job, measured)
     kinds = {e["event"]: e["time"] for e in reversed(resumed)}
     handed = [
         r for r in daemon.log.records if r.get("event") == "spare.handed" and r.get("job") == job
