@@ -58,7 +58,7 @@ from figures import at_least, at_most, records
 from jobwarden.checkpoint import format
 from jobwarden.checkpoint.store import CheckpointStore, file_name
 from jobwarden.hashing import Leaves, config_hash, state_hash
-from jobwarden.state import flatten
+from jobwarden.statetree import flatten
 from jobwarden.tasks.base import State, Task
 from jobwarden.tasks.linreg import LinReg, LinRegTrain
 from jobwarden.tasks.mlp import MLP, MLPTrain, width_for_bytes

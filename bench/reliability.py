@@ -85,10 +85,10 @@ from jobwarden.checkpoint import format as ckformat
 from jobwarden.checkpoint.errors import CheckpointError
 from jobwarden.control import client
 from jobwarden.control.client import DaemonBusy, DaemonUnreachable
-from jobwarden.control.protocol import ControlError, parse_request
 from jobwarden.errors import JobFileError
 from jobwarden.events import Event, Malformed, parse_line
 from jobwarden.jobfile import job_from_bytes
+from jobwarden.protocol import ControlError, parse_request
 from jobwarden.states import SETTLED
 from jobwarden.worker.command import worker_argv
 
@@ -1334,8 +1334,8 @@ BAD_UTF8_LINE = b'{"v": 1, "id": "\xff\xfe\xc0", "cmd": "status", "args": {}}\n'
 
 def settled_root(root: Path, count: int) -> None:
     """A root holding ``count`` completed jobs, their folders written directly."""
-    from jobwarden.daemon.jobs import new_record, state_text
-    from jobwarden.daemon.layout import Root
+    from jobwarden.daemon.store.jobs import new_record, state_text
+    from jobwarden.daemon.store.layout import Root
     from jobwarden.jobfile import job_from_mapping
     from jobwarden.states import JobState
 
@@ -2444,7 +2444,7 @@ def refusal(daemon: Wardend) -> str:
 
 def start_links(base: Path, cache: Path, outside: Outside) -> list[Record]:
     """A link planted at each path under the root before the daemon starts."""
-    from jobwarden.daemon.layout import Root
+    from jobwarden.daemon.store.layout import Root
 
     def one(index: int, relative: str, kind: str) -> Record:
         root = base / f"start-{index:02d}"

@@ -19,7 +19,7 @@ round, minus one; ``in SDK`` is the time spent inside the SDK's calls
 (``run.progress``, after the update's result is ready), as a share of the bare
 update, measured in the same loop.  Flattening and hashing a fresh state alone
 is timed in the same rounds, as the SDK does it (paths and leaf headers cached
-per layout) and uncached (`jobwarden.state.flatten` and ``state_hash``, which
+per layout) and uncached (`jobwarden.statetree.flatten` and ``state_hash``, which
 give the same hash), to show where the time goes.
 Also for a wider model (``--hidden``), whose larger state shows what
 ``hash_every`` buys.  Target: at most 5 % of the update time.
@@ -46,7 +46,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from jobwarden.worker.runtime import pin_environment
+from jobwarden.runtime import pin_environment
 
 pin_environment()  # single-threaded XLA, as an attached run has it; before JAX starts
 
@@ -54,7 +54,7 @@ import jax  # noqa: E402
 from figures import at_most, records  # noqa: E402
 
 import jobwarden.sdk as jw  # noqa: E402
-from jobwarden import state as state_tree  # noqa: E402
+from jobwarden import statetree as state_tree  # noqa: E402
 from jobwarden.hashing import StateHasher, state_hash  # noqa: E402
 from jobwarden.sdk.leaves import Flattener  # noqa: E402
 

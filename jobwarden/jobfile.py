@@ -18,7 +18,6 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from jobwarden.daemon.slurmsection import SlurmSection
 from jobwarden.decoding import loads_json, loads_toml
 from jobwarden.errors import JobFileError
 from jobwarden.program import (
@@ -29,6 +28,7 @@ from jobwarden.program import (
     workdir_problem,
     workdir_problems,
 )
+from jobwarden.slurmsection import SlurmSection
 from jobwarden.tasks import Task, TrainFields, broken_tasks, known_tasks
 
 MAX_JOB_FILE_BYTES = 256 * 1024
@@ -90,7 +90,7 @@ class SupervisionSection(_Section):
 
     startup_timeout_s: float = Field(60.0, gt=0, le=86400)
     stall_timeout_s: float | None = Field(None, gt=0, le=86400)
-    """None: automatic (daemon/stall.py: max(60 s, 10x the slowest update seen))"""
+    """None: automatic (daemon/supervise/stall.py: max(60 s, 10x the slowest update seen))"""
     max_restarts: int = Field(3, ge=0, le=1000)
     restart_backoff_s: float = Field(0.5, ge=0, le=3600)
     """the wait before the second restart in a row (the first is immediate), doubled after"""

@@ -12,7 +12,7 @@ from typing import Any
 
 from jobwarden.control import client
 from jobwarden.control.client import DaemonUnreachable
-from jobwarden.control.protocol import ControlError
+from jobwarden.protocol import ControlError
 from jobwarden.states import SETTLED, JobState
 from tests.helpers import toml_value, wait_until
 

@@ -1,7 +1,7 @@
 """A test-only launcher: every attempt runs through ``bash -c``, with no psutil at all.
 
 It exists to show the launcher seam: it is written against
-`jobwarden.daemon.launcher` alone (its generic `ProcessGroupAttempt`), and the
+`jobwarden.daemon.launch.base` alone (its generic `ProcessGroupAttempt`), and the
 daemon picks it with ``wardend --launcher tests.launchers:BashLauncher``
 without a change to the policy or the supervisor.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from jobwarden.daemon.evidence import open_evidence
-from jobwarden.daemon.launcher import LINE_LIMIT, Launcher, LaunchSpec, ProcessGroupAttempt
+from jobwarden.daemon.launch.base import LINE_LIMIT, Launcher, LaunchSpec, ProcessGroupAttempt
+from jobwarden.daemon.store.evidence import open_evidence
 
 BANNER = "launched through bash"
 SCRIPT = f'echo "{BANNER} $BASH_VERSION" >&2; exec "$@"'

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from jobwarden.daemon.attempt import RUN_FILE, prepare
-from jobwarden.daemon.heartbeat import Heartbeat
-from jobwarden.daemon.jobs import JobRecord
-from jobwarden.daemon.layout import Root
-from jobwarden.daemon.verification import NO_SDK
+from jobwarden.daemon.store.jobs import JobRecord
+from jobwarden.daemon.store.layout import Root
+from jobwarden.daemon.supervise.attempt import RUN_FILE, prepare
+from jobwarden.daemon.supervise.heartbeat import Heartbeat
+from jobwarden.daemon.supervise.verification import NO_SDK
 from jobwarden.jobfile import job_from_mapping
 from jobwarden.program import HeartbeatSection
 from jobwarden.sdk.settings import RUN_FILE_ENV, read_run_file, resolve

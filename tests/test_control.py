@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobwarden.control import client
-from jobwarden.control.protocol import MAX_REQUEST_BYTES
+from jobwarden.protocol import MAX_REQUEST_BYTES
 from tests.daemon import WARDENCTL, Daemon, ctl, linreg_job
 from tests.helpers import wait_until
 

@@ -26,12 +26,12 @@ import psutil
 import pytest
 
 from jobwarden.control import client
-from jobwarden.control.protocol import ControlError, Encoded, encode_ok, parse_request
-from jobwarden.daemon.jobs import new_record, state_text
-from jobwarden.daemon.layout import Root
-from jobwarden.daemon.server import BACKLOG, MAX_CLIENTS
-from jobwarden.daemon.status import TABLE_FIELDS
+from jobwarden.daemon.api.server import BACKLOG, MAX_CLIENTS
+from jobwarden.daemon.api.status import TABLE_FIELDS
+from jobwarden.daemon.store.jobs import new_record, state_text
+from jobwarden.daemon.store.layout import Root
 from jobwarden.jobfile import job_from_mapping
+from jobwarden.protocol import ControlError, Encoded, encode_ok, parse_request
 from jobwarden.states import JobState
 from tests.daemon import Daemon
 from tests.helpers import wait_until
@@ -90,7 +90,7 @@ class TestProtocol:
 
 def test_a_failing_handler_is_an_internal_error_answer(tmp_path: Path) -> None:
     """A handler that raises: the client gets control.internal, the next request an answer."""
-    from jobwarden.daemon.server import ControlServer
+    from jobwarden.daemon.api.server import ControlServer
 
     def boom(args: dict[str, Any]) -> Any:
         raise RecursionError("maximum recursion depth exceeded")
@@ -403,8 +403,8 @@ class TestStatusRows:
 
     def test_a_row_is_reused_until_its_record_is_saved(self, tmp_path: Path) -> None:
         """Same text while nothing changes but the age; new text after JobTable.save."""
-        from jobwarden.daemon.jobs import JobTable
-        from jobwarden.daemon.status import StatusRows
+        from jobwarden.daemon.api.status import StatusRows
+        from jobwarden.daemon.store.jobs import JobTable
 
         root = Root(tmp_path / "root")
         root.create()
@@ -427,8 +427,8 @@ class TestStatusRows:
 
     def test_table_values_are_reused_until_the_record_is_saved(self, tmp_path: Path) -> None:
         """The columns' values: the age fresh at each request, the rest new after a save."""
-        from jobwarden.daemon.jobs import JobTable
-        from jobwarden.daemon.status import StatusRows
+        from jobwarden.daemon.api.status import StatusRows
+        from jobwarden.daemon.store.jobs import JobTable
 
         root = Root(tmp_path / "root")
         root.create()
@@ -450,8 +450,8 @@ class TestStatusRows:
 
     def test_the_columns_are_reused_until_the_table_changes(self, tmp_path: Path) -> None:
         """Ages fresh at each request; a save, an added job or a held job's row seen at once."""
-        from jobwarden.daemon.jobs import JobTable
-        from jobwarden.daemon.status import StatusRows
+        from jobwarden.daemon.api.status import StatusRows
+        from jobwarden.daemon.store.jobs import JobTable
 
         root = Root(tmp_path / "root")
         root.create()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jobwarden.checkpoint import format
-from jobwarden.control import verify
+from jobwarden.proof import verify
 from jobwarden.testfaults import ENV, Fault
 from jobwarden.worker.command import worker_argv
 from tests.daemon import ANY_STATE, Daemon, linreg_job

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.control.protocol import ControlError
+from jobwarden.protocol import ControlError
 from tests.daemon import Daemon, linreg_job
 from tests.helpers import wait_until
 

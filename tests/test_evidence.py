@@ -6,8 +6,8 @@ import asyncio
 import json
 from pathlib import Path
 
-from jobwarden.daemon.evidence import EvidenceFile, keep
-from jobwarden.daemon.launcher import pump
+from jobwarden.daemon.launch.base import pump
+from jobwarden.daemon.store.evidence import EvidenceFile, keep
 from jobwarden.events import Event, Malformed
 
 FULL = Path("/dev/full")  # every write fails with ENOSPC

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from jobwarden.checkpoint import format
-from jobwarden.control import verify
 from jobwarden.jobfile import FaultSection, job_from_mapping, load_document
+from jobwarden.proof import verify
 from jobwarden.sdk.settings import RUN_FILE_ENV, RunFile
 from tests.daemon import Daemon
 from tests.helpers import AttemptResult, kinds

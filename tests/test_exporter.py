@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobwarden.daemon.exporter import MetricsListenError, parse_address
+from jobwarden.daemon.observe.exporter import MetricsListenError, parse_address
 from tests.daemon import Daemon, linreg_job
 from tests.helpers import wait_until
 

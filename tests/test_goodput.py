@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from jobwarden.control.tables import render_goodput
-from jobwarden.daemon import goodput
-from jobwarden.daemon.goodput import Mark, Trace, account, failure_cost, marks_of
-from jobwarden.daemon.incidents import Incident, render_runbook
-from jobwarden.daemon.policy import IncidentKind
+from jobwarden.daemon.incidents import goodput
+from jobwarden.daemon.incidents.goodput import Mark, Trace, account, failure_cost, marks_of
+from jobwarden.daemon.incidents.records import Incident, render_runbook
+from jobwarden.daemon.supervise.policy import IncidentKind
 from jobwarden.events import encode, parse_line
 from tests.conftest import Runner
 from tests.daemon import Daemon, linreg_job

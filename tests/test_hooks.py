@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from jobwarden.daemon.hooks import Channel, DeliveryError, environment_of
+from jobwarden.daemon.observe.hooks import Channel, DeliveryError, environment_of
 from tests.daemon import Daemon, linreg_job
 from tests.helpers import wait_until
 

@@ -22,11 +22,12 @@ from typing import Any
 import pytest
 
 from jobwarden.control import client
-from jobwarden.daemon import jobs, spool
-from jobwarden.daemon.intake import Intake
-from jobwarden.daemon.jobs import JobTable, read_folder
-from jobwarden.daemon.layout import Root
-from jobwarden.daemon.spool import MAX_NAME_BYTES, Rejection, Spool, pending_requests
+from jobwarden.daemon.intake import spool
+from jobwarden.daemon.intake.queue import Intake
+from jobwarden.daemon.intake.spool import MAX_NAME_BYTES, Rejection, Spool, pending_requests
+from jobwarden.daemon.store import jobs
+from jobwarden.daemon.store.jobs import JobTable, read_folder
+from jobwarden.daemon.store.layout import Root
 from jobwarden.jobfile import Job
 from tests.daemon import Daemon, linreg_job
 from tests.helpers import wait_until

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.daemon import launcher
-from jobwarden.daemon.local import LocalLauncher
+from jobwarden.daemon.launch import base as launcher
+from jobwarden.daemon.launch.local import LocalLauncher
 from jobwarden.errors import JobwardenError
 from tests.daemon import Daemon, linreg_job
 from tests.launchers import BANNER, BashLauncher

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.control.protocol import ControlError
+from jobwarden.protocol import ControlError
 from tests.daemon import ANY_STATE, Daemon, ctl, linreg_job
 from tests.helpers import wait_until
 

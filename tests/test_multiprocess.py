@@ -15,8 +15,8 @@ from typing import Any
 import psutil
 import pytest
 
-from jobwarden.control.protocol import ControlError
-from jobwarden.daemon.launcher import ATTEMPT_ENV
+from jobwarden.daemon.launch.base import ATTEMPT_ENV
+from jobwarden.protocol import ControlError
 from tests.daemon import Daemon, linreg_job
 from tests.helpers import AttemptResult, kinds, wait_until
 

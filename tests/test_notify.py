@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jobwarden.control import client
-from jobwarden.daemon.notify import Notifier, child_environment
+from jobwarden.daemon.observe.notify import Notifier, child_environment
 from jobwarden.testfaults import Fault, environment
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from jobwarden.checkpoint import format
-from jobwarden.control import verify
 from jobwarden.errors import JobFileError
 from jobwarden.jobfile import load_job
+from jobwarden.proof import verify
 from tests.helpers import job, kinds, run_worker
 
 TASK = '''

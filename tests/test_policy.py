@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from jobwarden.daemon import policy
-from jobwarden.daemon.jobs import JobRecord
-from jobwarden.daemon.launcher import ExitInfo
-from jobwarden.daemon.policy import (
+from jobwarden.daemon.launch.base import ExitInfo
+from jobwarden.daemon.store.jobs import JobRecord
+from jobwarden.daemon.supervise import policy
+from jobwarden.daemon.supervise.policy import (
     AttemptReport,
     Completed,
     Escalate,

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.daemon.incidents import Incident, IncidentLog
-from jobwarden.daemon.launcher import LauncherError
-from jobwarden.daemon.layout import Root, RootLockedError
-from jobwarden.daemon.notify import WORKER_ENV, WORKER_ENV_PREFIXES, child_environment
-from jobwarden.daemon.policy import IncidentKind
-from jobwarden.daemon.rootcheck import RootUnsafeError, open_private
+from jobwarden.daemon.incidents.records import Incident, IncidentLog
+from jobwarden.daemon.launch.base import LauncherError
+from jobwarden.daemon.observe.notify import WORKER_ENV, WORKER_ENV_PREFIXES, child_environment
+from jobwarden.daemon.store.layout import Root, RootLockedError
+from jobwarden.daemon.store.rootcheck import RootUnsafeError, open_private
+from jobwarden.daemon.supervise.policy import IncidentKind
 from jobwarden.errors import exit_status_table
 from tests.daemon import Daemon, linreg_job
 from tests.helpers import wait_until

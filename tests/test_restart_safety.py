@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from jobwarden.checkpoint import format
-from jobwarden.control.protocol import ControlError
+from jobwarden.protocol import ControlError
 from jobwarden.testfaults import ENV, Fault
 from tests.daemon import Daemon, linreg_job
 from tests.helpers import AttemptResult, kinds, wait_until

@@ -12,7 +12,7 @@ import pytest
 
 from jobwarden.checkpoint import format
 from jobwarden.checkpoint.store import file_name
-from jobwarden.control import verify
+from jobwarden.proof import verify
 from tests.conftest import Runner
 from tests.helpers import AttemptResult, job, kinds, rewrite_checkpoint
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.daemon.layout import Root, RootLockedError
-from jobwarden.daemon.rootcheck import RootUnsafeError
+from jobwarden.daemon.store.layout import Root, RootLockedError
+from jobwarden.daemon.store.rootcheck import RootUnsafeError
 from tests.daemon import Daemon
 
 NOBODY = 65534

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from jobwarden.daemon.incidents import Incident, render_runbook
-from jobwarden.daemon.policy import IncidentKind
+from jobwarden.daemon.incidents.records import Incident, render_runbook
+from jobwarden.daemon.supervise.policy import IncidentKind
 
 
 def incident(**fields: object) -> Incident:

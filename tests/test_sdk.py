@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 
 import jobwarden.sdk as jw
-from jobwarden import state as state_tree
+from jobwarden import statetree as state_tree
 from jobwarden.checkpoint import format
-from jobwarden.control import verify
 from jobwarden.errors import JobFileError
 from jobwarden.events import Event, Malformed, parse_lines, read_events
 from jobwarden.hashing import files_digest
 from jobwarden.jobfile import job_from_mapping
+from jobwarden.proof import verify
 from jobwarden.sdk.provenance import SDK_SOURCES, normalize_config
 from jobwarden.sdk.settings import RUN_FILE_ENV, resolve, split_argv
-from jobwarden.worker.program import source_files
+from jobwarden.worker.builtin import source_files
 from tests.helpers import AttemptResult, kinds
 
 PROGRAM = Path(__file__).with_name("sdk_program.py")
@@ -522,9 +522,9 @@ def test_an_events_file_gathers_the_attempts_and_verifies(tmp_path: Path) -> Non
 
 
 def test_the_worker_source_hash_covers_the_task_the_driver_and_the_sdk() -> None:
-    """linreg's hash covers linreg.py, the driver, the SDK's loop and state.py, stably."""
+    """linreg's hash covers linreg.py, the driver, the SDK's loop and statetree.py, stably."""
     job = job_from_mapping({"id": "j", "task": "linreg"})
     names = [p.name for p in [*source_files(job), *SDK_SOURCES]]
-    assert names == ["linreg.py", "program.py", "run.py", "state.py"]
+    assert names == ["linreg.py", "program.py", "run.py", "statetree.py"]
     paths = [*source_files(job), *SDK_SOURCES]
     assert files_digest(paths) == files_digest(paths)

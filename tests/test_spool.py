@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.daemon.layout import Root
-from jobwarden.daemon.spool import Rejection, Spool
+from jobwarden.daemon.intake.spool import Rejection, Spool
+from jobwarden.daemon.store.layout import Root
 from jobwarden.jobfile import MAX_JOB_FILE_BYTES, Job
 
 GOOD = b'id = "good"\ntask = "linreg"\n'

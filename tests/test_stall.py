@@ -6,7 +6,13 @@ import heapq
 import itertools
 from collections.abc import Callable
 
-from jobwarden.daemon.stall import AUTO_FACTOR, AUTO_FLOOR_S, StallPhase, StallWatch, auto_timeout
+from jobwarden.daemon.supervise.stall import (
+    AUTO_FACTOR,
+    AUTO_FLOOR_S,
+    StallPhase,
+    StallWatch,
+    auto_timeout,
+)
 
 
 class FakeClock:

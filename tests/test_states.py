@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.daemon.jobs import JobTable
-from jobwarden.daemon.layout import Root
+from jobwarden.daemon.store.jobs import JobTable
+from jobwarden.daemon.store.layout import Root
 from jobwarden.jobfile import job_from_mapping
 from jobwarden.states import TRANSITIONS, IllegalTransition, JobState
 

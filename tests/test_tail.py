@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.control.protocol import ControlError
-from jobwarden.daemon import tailing
+from jobwarden.daemon.api import tailing
+from jobwarden.protocol import ControlError
 from tests.daemon import Daemon, ctl, linreg_job
 from tests.helpers import wait_until
 

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from jobwarden.daemon.incidents import Incident
-from jobwarden.daemon.policy import IncidentKind
-from jobwarden.daemon.recovery import ReplayPlan, Verdict
-from jobwarden.daemon.verification import ReplayVerifier
+from jobwarden.daemon.incidents.records import Incident
+from jobwarden.daemon.supervise.policy import IncidentKind
+from jobwarden.daemon.supervise.verification import ReplayVerifier
 from jobwarden.events import Event
+from jobwarden.proof.replay import ReplayPlan, Verdict
 
 V = Verdict
 

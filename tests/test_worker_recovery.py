@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 from jobwarden.checkpoint import format
-from jobwarden.control import verify
+from jobwarden.proof import verify
 from jobwarden.worker.command import worker_argv
 from tests.conftest import Runner
 from tests.helpers import AttemptResult, job, kinds

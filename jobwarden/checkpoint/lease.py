@@ -15,7 +15,7 @@ newer one raises `LeaseLost` and commits nothing.
 A lease is taken when the worker runs under Slurm (``SLURM_JOB_ID`` set), or
 when ``JOBWARDEN_LEASE=1``.  Every commit's check renews it (the claim's time).
 It is never judged stale by a clock: the daemon judges it from the state of
-the Slurm job it names (`jobwarden.daemon.slurmlease`), and a newer generation
+the Slurm job it names (`jobwarden.daemon.launch.slurm.lease`), and a newer generation
 takes over, fencing the old writer.
 """
 

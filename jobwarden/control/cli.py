@@ -35,7 +35,7 @@ from jobwarden.control.commands.daemon import (
 from jobwarden.control.commands.drills import cmd_drill
 from jobwarden.control.commands.evidence import cmd_inspect, cmd_verify
 from jobwarden.control.commands.output import EXIT_BUSY, EXIT_NO_SUCH, EXIT_REFUSED, EXIT_USAGE
-from jobwarden.control.protocol import ControlError
+from jobwarden.protocol import ControlError
 
 DEFAULT_TIMEOUT_S = 10.0
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it

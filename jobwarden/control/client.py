@@ -21,8 +21,8 @@ from typing import Any
 
 import orjson
 
-from jobwarden.control.protocol import PROTOCOL_VERSION, ControlError
 from jobwarden.errors import JobwardenError
+from jobwarden.protocol import PROTOCOL_VERSION, ControlError
 
 ROOT_ENV = "JOBWARDEN_ROOT"
 SOCKET_ENV = "JOBWARDEN_SOCKET"

@@ -9,10 +9,13 @@ import sys
 from pathlib import Path
 
 from jobwarden.checkpoint.signing import load_key
-from jobwarden.daemon import exporter, hooks, launcher, lifecycle, logs
-from jobwarden.daemon.core import Options, Wardend
-from jobwarden.daemon.layout import Root
-from jobwarden.daemon.local import LocalLauncher
+from jobwarden.daemon.api import lifecycle
+from jobwarden.daemon.launch import base as launcher
+from jobwarden.daemon.launch.local import LocalLauncher
+from jobwarden.daemon.observe import exporter, hooks
+from jobwarden.daemon.store import logs
+from jobwarden.daemon.store.layout import Root
+from jobwarden.daemon.wardend import Options, Wardend
 from jobwarden.errors import JobwardenError
 
 

@@ -1,9 +1,9 @@
 """A state's named host leaves, update after update, with the per-structure work done once.
 
-`jobwarden.state.flatten` names every leaf from its pytree path and checks
+`jobwarden.statetree.flatten` names every leaf from its pytree path and checks
 what kind of leaf it is; for a loop that reports the same structure on every
 update, recomputing the paths and asking JAX about each leaf's dtype costs more
-than hashing the bytes.  `Flattener` gives exactly what `jobwarden.state.flatten`
+than hashing the bytes.  `Flattener` gives exactly what `jobwarden.statetree.flatten`
 gives (same paths, same arrays), caching the paths per tree structure (JAX's
 treedef, which fixes every key of the path) and the kind of leaf per dtype.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from jobwarden import state as state_tree
+from jobwarden import statetree as state_tree
 from jobwarden.checkpoint.manifest import SAFETENSORS_DTYPES
 from jobwarden.hashing import Leaves
 
@@ -22,7 +22,7 @@ MAX_CACHED_TREES = 64
 
 
 class Flattener:
-    """`jobwarden.state.flatten`, with paths cached per treedef and leaf kinds per dtype."""
+    """`jobwarden.statetree.flatten`, with paths cached per treedef and leaf kinds per dtype."""
 
     def __init__(self) -> None:
         import jax
@@ -32,7 +32,7 @@ class Flattener:
         self._kinds: dict[Any, str] = {}
 
     def __call__(self, state: Any) -> Leaves:
-        """Named host copies (or views) of every leaf; raises `jobwarden.state.UnsupportedLeaf`."""
+        """Named host copies (or views) of every leaf; raises `statetree.UnsupportedLeaf`."""
         values, treedef = self._jax.tree_util.tree_flatten(state)
         paths = self._paths.get(treedef)
         if paths is None:

@@ -11,7 +11,7 @@
   string, or a function returning one, called when first needed) or
   ``data_files=`` (streamed).
 
-The runtime identity is captured as for the worker (`jobwarden.worker.runtime`).
+The runtime identity is captured as for the worker (`jobwarden.runtime`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from jobwarden.events import human
 from jobwarden.hashing import config_hash, data_files_digest, files_digest, leaves_digest
 
 _PACKAGE = Path(__file__).resolve().parent.parent
-SDK_SOURCES = (_PACKAGE / "sdk" / "run.py", _PACKAGE / "state.py")
+SDK_SOURCES = (_PACKAGE / "sdk" / "run.py", _PACKAGE / "statetree.py")
 """The step loop and the state's flattening: how an update's result becomes the next state."""
 
 DataHash = Callable[[], str]
@@ -124,7 +124,7 @@ def data_identity(
             raise JobFileError("attach(data_files=...)", missing)
         return lambda: data_files_digest(paths)
     if data is not None:
-        from jobwarden import state
+        from jobwarden import statetree as state
 
         return lambda: leaves_digest(state.flatten(data))
     human(

@@ -6,7 +6,7 @@ too.  Entering and leaving it is `jobwarden.sdk.session.Session`'s part.
 `Run.restored` reports one the program restored itself), `Run.steps` yields
 the steps still to run and stops between updates on preemption or a vanished
 reader, `Run.progress` reports an update and commits on cadence.  This module
-and `jobwarden.state` decide what an update's result becomes, so their source
+and `jobwarden.statetree` decide what an update's result becomes, so their source
 is hashed into every checkpoint's provenance.
 """
 
@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from jobwarden import state as state_tree
+from jobwarden import statetree as state_tree
 from jobwarden import testfaults
 from jobwarden.checkpoint.errors import StepOutOfRange
 from jobwarden.checkpoint.format import Manifest, Provenance, leaf_specs

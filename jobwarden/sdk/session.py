@@ -29,6 +29,7 @@ from jobwarden.errors import JobwardenError, WorkerInternalError
 from jobwarden.events import human
 from jobwarden.hashing import Leaves, StateHasher
 from jobwarden.jobfile import FaultSection
+from jobwarden.runtime import enable_compilation_cache, pin_before_start, runtime_identity
 from jobwarden.sdk.commits import Committer
 from jobwarden.sdk.distributed import Membership
 from jobwarden.sdk.faults import FaultPlan
@@ -42,7 +43,6 @@ from jobwarden.sdk.provenance import (
 from jobwarden.sdk.settings import RUN_FILE_ENV, Request, Settings, resolve, split_argv
 from jobwarden.sdk.signals import Preemption
 from jobwarden.sdk.stream import EventStream, RunEmitter
-from jobwarden.worker.runtime import enable_compilation_cache, pin_before_start, runtime_identity
 
 
 class UsageError(WorkerInternalError):

@@ -16,7 +16,7 @@ import signal
 from types import FrameType
 from typing import Any
 
-from jobwarden.worker.runtime import SUPERVISOR_ENV
+from jobwarden.runtime import SUPERVISOR_ENV
 
 PR_SET_PDEATHSIG = 1
 

@@ -5,7 +5,7 @@ signed ones on restore; ``--compile-cache DIR`` keeps compiled code across attem
 
 Events go to stdout as JSON lines, human output to stderr; the exit status
 names the outcome (docs/worker.md lists them).  The CPU determinism pins are
-set here, before JAX is imported.  The attempt itself is `jobwarden.worker.program`:
+set here, before JAX is imported.  The attempt itself is `jobwarden.worker.builtin`:
 the job's task driven by an SDK run (`jobwarden.sdk`), the product's one step loop.
 """
 
@@ -21,8 +21,8 @@ from jobwarden import testfaults
 from jobwarden.errors import JobwardenError
 from jobwarden.events import Emitter
 from jobwarden.jobfile import load_job
+from jobwarden.runtime import pin_environment
 from jobwarden.testfaults import Fault
-from jobwarden.worker.runtime import pin_environment
 
 CACHE_ENV = "JOBWARDEN_COMPILE_CACHE"
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write('{"v": 1, "event": "progress", "step": "three"}\n')
         sys.stdout.flush()
     pin_environment()
-    from jobwarden.worker.program import run_job
+    from jobwarden.worker.builtin import run_job
 
     cache = Path(args.compile_cache) if args.compile_cache else None
     return run_job(job, args.checkpoint_dir.absolute(), cache, args.signing_key)

@@ -8,7 +8,7 @@ read by the daemon and never kept as an event) and waits on stdin.
 
 The daemon hands it one attempt as one JSON line: the attempt's job file,
 checkpoint directory, compile cache, signing key and ``stderr.log``.  From
-there it is exactly the worker (`jobwarden.worker.program.run_job`): it takes
+there it is exactly the worker (`jobwarden.worker.builtin.run_job`): it takes
 the writer lock, restores, emits the same events and runs on; only the
 prepared data and compiled update are reused.  End of stdin before a handoff
 (the daemon stopped, or retires the spare) ends it at once, preparing or not.
@@ -33,8 +33,8 @@ from typing import Any
 
 from jobwarden import tasks
 from jobwarden.jobfile import Job, load_job
+from jobwarden.runtime import enable_compilation_cache, pin_environment
 from jobwarden.worker.__main__ import exit_now
-from jobwarden.worker.runtime import enable_compilation_cache, pin_environment
 
 READY = {"spare": "ready"}
 """The line a prepared spare writes on stdout, before any event."""
@@ -62,8 +62,8 @@ def prepare(job: Job, compile_cache: Path | None) -> Warm:
 
     if compile_cache is not None:
         enable_compilation_cache(compile_cache)
-    from jobwarden import state as state_tree
-    from jobwarden.worker import program  # noqa: F401 - the SDK's modules, imported ahead
+    from jobwarden import statetree as state_tree
+    from jobwarden.worker import builtin as program  # noqa: F401 - the SDK's modules, imported ahead
 
     task = job.task_instance()
     data = task.data()
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     line = lines.get()
     handoff = json.loads(line)
     take_over(handoff)
-    from jobwarden.worker.program import run_job
+    from jobwarden.worker.builtin import run_job
 
     job = load_job(Path(handoff["job"]))
     cache = Path(handoff["compile_cache"]) if handoff.get("compile_cache") else None

@@ -16,8 +16,8 @@ import pytest
 from jobwarden.checkpoint import lease
 from jobwarden.checkpoint.lock import WriterLock
 from jobwarden.checkpoint.store import CheckpointStore
-from jobwarden.daemon.slurmlease import LeaseState, judge, judge_directory
-from jobwarden.daemon.slurmstate import SlurmJob
+from jobwarden.daemon.launch.slurm.lease import LeaseState, judge, judge_directory
+from jobwarden.daemon.launch.slurm.state import SlurmJob
 from tests import samples
 from tests.helpers import wait_until
 from tests.slurm.cluster import Cluster

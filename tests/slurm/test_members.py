@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from jobwarden.daemon.slurmstate import parse_fields
+from jobwarden.daemon.launch.slurm.state import parse_fields
 from tests.daemon import Daemon, linreg_job
 from tests.slurm.cluster import Cluster
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from jobwarden.control import verify
-from jobwarden.control.protocol import ControlError
-from jobwarden.daemon.slurmstate import SlurmJob
+from jobwarden.daemon.launch.slurm.state import SlurmJob
+from jobwarden.proof import verify
+from jobwarden.protocol import ControlError
 from tests.daemon import Daemon, linreg_job
 from tests.helpers import AttemptResult, job, run_worker, wait_until
 from tests.slurm.cluster import Cluster

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.daemon.slurmscript import SlurmSettings
-from jobwarden.daemon.slurmsection import SlurmSection, section_of
+from jobwarden.daemon.launch.slurm.script import SlurmSettings
 from jobwarden.errors import JobFileError
 from jobwarden.jobfile import job_from_bytes
+from jobwarden.slurmsection import SlurmSection, section_of
 from tests.daemon import linreg_job
 
 

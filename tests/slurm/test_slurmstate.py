@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobwarden.daemon.slurmstate import Phase, SlurmExit, SlurmJob, exit_of, from_shell
+from jobwarden.daemon.launch.slurm.state import Phase, SlurmExit, SlurmJob, exit_of, from_shell
 
 SHOWN = (
     "JobId=7 JobName=jw-ok-1 UserId=root(0) JobState=RUNNING Reason=None Dependency=(null) "

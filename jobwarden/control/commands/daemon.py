@@ -21,13 +21,13 @@ from jobwarden.control.commands.output import (
     EXIT_USAGE,
     emit,
 )
-from jobwarden.control.protocol import ControlError
 from jobwarden.control.tables import (
     render_checkpoints,
     render_incidents,
     render_job,
     render_status,
 )
+from jobwarden.protocol import ControlError
 from jobwarden.states import NEEDS_ATTENTION, SETTLED, JobState
 
 # The names `submit` sends as they are: plain, printable and short.

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from jobwarden.control.commands.output import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit
 from jobwarden.errors import UnsafeCacheError
-from jobwarden.worker.runtime import check_private_directory
+from jobwarden.runtime import check_private_directory
 
 if TYPE_CHECKING:
     from jobwarden.control.drill.jobs import DrillJobError

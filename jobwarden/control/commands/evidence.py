@@ -17,7 +17,7 @@ from pathlib import Path
 from jobwarden.control.commands import files
 from jobwarden.control.commands.daemon import ask
 from jobwarden.control.commands.output import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit
-from jobwarden.control.protocol import ControlError
+from jobwarden.protocol import ControlError
 
 PATH_SUFFIXES = (".safetensors", ".jsonl", ".pending")
 
@@ -29,7 +29,7 @@ def is_path(text: str) -> bool:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Describe a checkpoint: a job's (through the daemon) or a file's."""
-    from jobwarden.control import inspect
+    from jobwarden.proof import inspect
 
     target: str = args.target
     if is_path(target):

@@ -10,7 +10,7 @@ from jobwarden.control.commands.output import EXIT_OK, EXIT_REFUSED, EXIT_USAGE,
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Prove (or refuse) that CANDIDATE continues REFERENCE exactly."""
-    from jobwarden.control import verify
+    from jobwarden.proof import verify
 
     try:
         report = verify.verify(verify.load_run(args.reference), verify.load_run(args.candidate))
@@ -26,7 +26,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Describe a checkpoint file and its verdict."""
-    from jobwarden.control import inspect
+    from jobwarden.proof import inspect
 
     record = inspect.describe(args.file, values=args.values)
     emit(record, args.json, inspect.render)

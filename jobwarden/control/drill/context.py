@@ -11,13 +11,13 @@ from typing import Any
 
 from jobwarden.checkpoint import format
 from jobwarden.checkpoint.errors import CheckpointError
-from jobwarden.control import verify
 from jobwarden.control.drill.daemon import SETTLED_STATES, DaemonHandle
 from jobwarden.control.drill.jobs import DrillJob, DrillJobError
 from jobwarden.control.drill.plan import FaultPoints
 from jobwarden.control.drill.plot import plot_loss
 from jobwarden.control.drill.verdict import Check
 from jobwarden.events import Event, read_events
+from jobwarden.proof import verify
 
 
 @dataclass(frozen=True)
@@ -264,7 +264,7 @@ class Drill:
 
     def accepted_checkpoint(self, job: str) -> dict[str, Any] | None:
         """The identity of the checkpoint the recovery restored, kept as evidence."""
-        from jobwarden.control.inspect import describe
+        from jobwarden.proof.inspect import describe
 
         restored = [e for e in self.events(job) if e.kind == "restored"]
         if not restored:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from jobwarden.control import client
-from jobwarden.control.protocol import ControlError
 from jobwarden.errors import JobwardenError
+from jobwarden.protocol import ControlError
 from jobwarden.states import SETTLED
 
 # The states a drill waits for: the daemon will do nothing more for the job on its own.

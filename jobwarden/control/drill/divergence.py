@@ -1,6 +1,6 @@
 """What a failed drill's verdict names: the first diverging step, the component, the leaf.
 
-`first_difference` reads a `jobwarden.control.verify.Report`: the earliest state that differs
+`first_difference` reads a `jobwarden.proof.verify.Report`: the earliest state that differs
 from the reference's (a restored state, or an update's), the top-level state component that
 differs there (``params``, ``opt_state``, ``key``, ``data`` or the user's own name), the leaf
 path when both runs' checkpoint files were on disk, and what that pattern usually means
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobwarden.control.verify import Report
 from jobwarden.hashing import component_of
+from jobwarden.proof.verify import Report
 
 # Of several differing components the one named first: those the docs speak of, in that
 # order, then the program's own in name order; the step counter only when nothing else.

@@ -1,0 +1,1 @@
+"""The control socket's server and its command handlers."""

@@ -1,0 +1,1 @@
+"""Incidents: records, runbooks, goodput."""

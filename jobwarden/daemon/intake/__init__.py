@@ -1,0 +1,1 @@
+"""Requests taken in: the spool and the intake queue."""

@@ -1,0 +1,157 @@
+"""Taking requests in without stalling the loop: one intake thread, outcomes applied in batches.
+
+Claiming, validating and the fsyncs that make a job folder or a rejection
+durable (`Spool.take`) run in one dedicated thread, so requests are taken one
+at a time, in order, and the loop stays free to answer the control socket and
+ping the watchdog however full the spool is.  The loop hands that thread at
+most `BATCH` paths at once and applies their outcomes (``admit``: register the
+job, queue it) when the batch returns, then hands over the next.  A rescan
+lists the spool in the thread too, once the paths already queued are taken.
+
+Nothing a request does escapes this module: a failure in one file is logged
+and that file is left in the spool for the next scan; the others go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import structlog
+
+from jobwarden.daemon.intake import spool
+from jobwarden.jobfile import Job
+
+log = structlog.get_logger("wardend.intake")
+
+BATCH = 16
+"""Paths handed to the intake thread at once; their outcomes are applied in one loop turn."""
+
+Taken = Job | spool.Rejection | None
+"""A request's outcome: a durable job, a durable rejection, or nothing to do."""
+
+
+class Intake:
+    """The daemon's queue of request files and the thread that takes them in."""
+
+    def __init__(self, requests: spool.Spool, admit: Callable[[Job | spool.Rejection], None]):
+        self.spool = requests
+        self.admit = admit
+        self.pending: dict[Path, list[asyncio.Future[Taken]]] = {}
+        self.scan_wanted = False
+        self.closed = False
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wardend-intake")
+        self._task: asyncio.Task[None] | None = None
+
+    def put(self, path: Path) -> asyncio.Future[Taken]:
+        """Queue ``path`` (on the loop); the future holds its outcome once it is durable."""
+        future: asyncio.Future[Taken] = asyncio.get_running_loop().create_future()
+        if self.closed:
+            future.set_result(None)
+            return future
+        self.pending.setdefault(path, []).append(future)
+        self._wake()
+        return future
+
+    def rescan(self) -> None:
+        """List the spool (in the thread) once the queued paths are taken, and queue it all."""
+        if not self.closed:
+            self.scan_wanted = True
+            self._wake()
+
+    async def submit(self, name: str, data: bytes) -> Taken:
+        """Drop a request into the spool as a writer would, and take it in ahead of the queue.
+
+        Raises OSError when the drop itself fails (nothing is left in spool/tmp).
+        """
+        if self.closed:
+            return None
+        loop = asyncio.get_running_loop()
+        try:
+            taken = await loop.run_in_executor(self.executor, self._drop_and_take, name, data)
+        except asyncio.CancelledError:
+            if self.closed:
+                return None
+            raise
+        self._apply(taken)
+        return taken
+
+    async def close(self) -> None:
+        """Take nothing more: pending outcomes are None (the files stay in the spool)."""
+        self.closed = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        for futures in self.pending.values():
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)
+        self.pending.clear()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def _wake(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while not self.closed:
+                if not self.pending and self.scan_wanted:
+                    self.scan_wanted = False
+                    for path in await loop.run_in_executor(self.executor, self._scan):
+                        self.pending.setdefault(path, [])
+                if not self.pending:
+                    return
+                paths = list(itertools.islice(self.pending, BATCH))
+                batch = [self.pending.pop(path) for path in paths]
+                outcomes: list[Taken] = [None] * len(paths)
+                try:
+                    outcomes = await loop.run_in_executor(self.executor, self._take_all, paths)
+                    for outcome in outcomes:
+                        self._apply(outcome)
+                finally:
+                    for futures, outcome in zip(batch, outcomes, strict=True):
+                        for future in futures:
+                            if not future.done():
+                                future.set_result(outcome)
+        except RuntimeError:  # the executor is shut down: the daemon is closing
+            if not self.closed:
+                raise
+        finally:
+            self._task = None
+
+    def _apply(self, taken: Taken) -> None:
+        if taken is None:
+            return
+        try:
+            self.admit(taken)
+        except Exception as error:  # the job is durable: the next start will load it
+            log.error("intake.admit_failed", outcome=repr(taken), exc_info=error)
+
+    # ---- in the intake thread
+
+    def _scan(self) -> list[Path]:
+        try:
+            return spool.pending_requests(self.spool.root)
+        except Exception as error:  # the next scan tries again
+            log.error("spool.scan_failed", exc_info=error)
+            return []
+
+    def _take_all(self, paths: list[Path]) -> list[Taken]:
+        return [self._take(path) for path in paths]
+
+    def _take(self, path: Path) -> Taken:
+        try:
+            return self.spool.take(path)
+        except OSError as error:  # left in the spool; the next scan tries again
+            log.error("spool.error", file=spool.printable(str(path)), error=repr(error))
+        except Exception as error:
+            log.error("spool.failed", file=spool.printable(str(path)), exc_info=error)
+        return None
+
+    def _drop_and_take(self, name: str, data: bytes) -> Taken:
+        return self._take(spool.drop(self.spool.root, name, data))

@@ -1,0 +1,144 @@
+"""The local launcher: each attempt is a process group on this box, watched with psutil.
+
+The worker starts in a new session (its own process group), in the spec's
+working directory, stdin from /dev/null, stdout a pipe whose every byte is kept
+(``events.jsonl``, or ``output.log`` for a plain program), stderr straight into
+``stderr.log``.  Its exit is learned from asyncio's child watcher;
+a kill reaches the whole group, so nothing the worker started outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import structlog
+
+from jobwarden.daemon.launch.base import (
+    ATTEMPT_ENV,
+    LINE_LIMIT,
+    Launcher,
+    LaunchSpec,
+    ProcessGroupAttempt,
+    RunningAttempt,
+    suppress_gone,
+)
+from jobwarden.daemon.launch.members import GroupAttempt
+from jobwarden.daemon.launch.spares import SparePool
+from jobwarden.daemon.store.evidence import open_evidence
+from jobwarden.runtime import SUPERVISOR_ENV
+
+log = structlog.get_logger("wardend.local")
+ORPHAN_WAIT_S = 60.0
+ORPHAN_POLL_S = 0.05
+
+
+class LocalAttempt(ProcessGroupAttempt):
+    """One attempt's worker process group, sampled with psutil."""
+
+    def __init__(self, spec: LaunchSpec, proc: asyncio.subprocess.Process) -> None:
+        super().__init__(spec, proc)
+        try:
+            self._ps: psutil.Process | None = psutil.Process(proc.pid)
+        except psutil.Error:
+            self._ps = None
+
+    def create_time(self) -> float | None:
+        """The kernel's start time of the worker."""
+        try:
+            return self._ps.create_time() if self._ps else None
+        except psutil.Error:
+            return None
+
+    def sample(self) -> dict[str, Any]:
+        """rss, cpu%, status and threads of the worker, from psutil."""
+        if self._ps is None:
+            return {}
+        try:
+            with self._ps.oneshot():
+                times = self._ps.cpu_times()
+                return {
+                    "rss_mb": round(self._ps.memory_info().rss / 2**20, 1),
+                    "cpu_percent": self._ps.cpu_percent(interval=None),
+                    "status": self._ps.status(),
+                    "threads": self._ps.num_threads(),
+                    "cpu_s": times.user + times.system,
+                    "sampled": time.time(),
+                }
+        except psutil.Error:
+            return {}
+
+
+class LocalLauncher(Launcher):
+    """Starts each attempt as a process group on this box."""
+
+    name = "local"
+
+    def __init__(self, warm_spare: bool = True) -> None:
+        self.spares = SparePool() if warm_spare else None
+        """Warm spares for built-in task jobs (`jobwarden.daemon.launch.spares`); None: cold."""
+
+    async def wait_orphan(self, pid: int, started: float | None) -> None:
+        """Poll the old worker until it exits (it sees its stdout break, commits and leaves);
+        SIGKILL its group after `ORPHAN_WAIT_S`.  A pid reused by another process counts
+        as gone."""
+        deadline = time.monotonic() + ORPHAN_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                proc = psutil.Process(pid)
+                if started is not None and abs(proc.create_time() - started) > 1.0:
+                    return
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    return
+            except psutil.NoSuchProcess:
+                return
+            await asyncio.sleep(ORPHAN_POLL_S)
+        log.warning("orphan.killed", pid=pid, waited_s=ORPHAN_WAIT_S)
+        with suppress_gone():
+            os.killpg(pid, signal.SIGKILL)
+
+    def find_orphans(self, job_folder: Path) -> list[tuple[int, float | None]]:
+        """Every process of this user whose environment names an attempt folder of the job
+        (`ATTEMPT_ENV`, set at spawn), so a worker is found even if its pid was never saved."""
+        prefix = f"{job_folder}{os.sep}attempts{os.sep}"
+        found = []
+        for proc in psutil.process_iter(["uids"]):
+            try:
+                if proc.info["uids"] is None or proc.info["uids"].real != os.getuid():
+                    continue
+                if proc.environ().get(ATTEMPT_ENV, "").startswith(prefix):
+                    found.append((proc.pid, proc.create_time()))
+            except psutil.Error:  # gone, a zombie, or not ours to read
+                continue
+        return found
+
+    async def start(self, spec: LaunchSpec) -> RunningAttempt:
+        """Spawn the worker in a new session, stderr straight to stderr.log; N cooperating
+        members for ``processes = N`` (`jobwarden.daemon.launch.members`)."""
+        if spec.processes > 1:
+            return await GroupAttempt.start(spec, self.spawn)
+        if self.spares is not None:
+            return await self.spares.start(spec, self.spawn, LocalAttempt)
+        return await self.spawn(spec, "stderr.log")
+
+    async def spawn(self, spec: LaunchSpec, stderr_name: str) -> LocalAttempt:
+        """One process group, its stderr straight to ``stderr_name`` in the attempt folder."""
+        spec.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        env = {**spec.env, SUPERVISOR_ENV: str(os.getpid()), ATTEMPT_ENV: str(spec.folder)}
+        with open_evidence(spec.folder / stderr_name) as stderr:
+            proc = await asyncio.create_subprocess_exec(
+                *spec.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=stderr,
+                env=env,
+                cwd=spec.cwd,
+                start_new_session=True,
+                limit=LINE_LIMIT,
+            )
+        return LocalAttempt(spec, proc)

@@ -1,0 +1,1 @@
+"""The Slurm launcher: sbatch/srun attempts, followed through scontrol."""

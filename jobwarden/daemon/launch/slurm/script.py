@@ -1,0 +1,173 @@
+"""What one attempt submits: its sbatch options and its batch script (and, for N members, theirs).
+
+Settings come from the daemon (``wardend --slurm-*``, which sets
+``JOBWARDEN_SLURM_PARTITION``, ``_ACCOUNT``, ``_TIME``, ``_SIGNAL_S`` and
+``_EXTRA``), and a job's own ``[slurm]`` section overrides partition, time limit
+and nodes (`slurmsection`).  The batch script runs ``srun`` of the very argv
+the local launcher would exec; with ``[run] processes = N`` it runs N tasks,
+each a member (`member_script`): task i sets the membership variables the SDK
+reads (from ``SLURM_PROCID``), keeps its stdout in ``events.<i>.jsonl`` and its
+stderr in ``stderr.<i>.log`` (member 0: ``events.jsonl``, ``stderr.log``), as
+locally, and records its own exit status in ``member.<i>.exit``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from jobwarden.daemon.launch.base import LauncherError, LaunchSpec
+from jobwarden.daemon.launch.members import member_file
+from jobwarden.sdk.distributed import COORDINATOR_ENV, PROCESS_ID_ENV, PROCESSES_ENV
+from jobwarden.slurmsection import SlurmSection
+
+ENV_PREFIX = "JOBWARDEN_SLURM_"
+SCRIPT = "slurm.sh"
+MEMBER_SCRIPT = "slurm-member.sh"
+EXIT_RECORD = "slurm.exit"
+MEMBER_EXIT = "member.exit"
+"""Member i's exit status, in ``member_file(MEMBER_EXIT, i)``."""
+JOB_RECORD = "slurm.json"
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """How attempts are submitted: the sbatch options every attempt gets."""
+
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str | None = None
+    signal_lead_s: int = 60
+    extra: tuple[str, ...] = ()
+    nodes: int | None = None
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str]) -> SlurmSettings:
+        """The settings in ``JOBWARDEN_SLURM_*``; raises `LauncherError` on a bad one."""
+
+        def get(name: str) -> str | None:
+            return env.get(ENV_PREFIX + name) or None
+
+        try:
+            lead = int(get("SIGNAL_S") or 60)
+            extra = tuple(shlex.split(get("EXTRA") or ""))
+        except ValueError as error:
+            raise LauncherError(f"bad {ENV_PREFIX}* setting: {error}") from error
+        return cls(get("PARTITION"), get("ACCOUNT"), get("TIME"), lead, extra)
+
+    def for_job(self, section: SlurmSection | None) -> SlurmSettings:
+        """These settings with a job's ``[slurm]`` section laid over them."""
+        if section is None:
+            return self
+        return replace(
+            self,
+            partition=section.partition or self.partition,
+            time_limit=section.time_limit or self.time_limit,
+            nodes=section.nodes or self.nodes,
+        )
+
+    def sbatch_options(self, spec: LaunchSpec) -> list[str]:
+        """The options of one attempt's sbatch."""
+        options = [
+            "--parsable",
+            f"--job-name=jw-{spec.job_id}-{spec.attempt}",
+            f"--ntasks={spec.processes}",
+            f"--signal=B:TERM@{self.signal_lead_s}",
+            f"--output={spec.folder / 'slurm.log'}",
+            "--open-mode=append",
+            f"--chdir={spec.cwd or spec.folder}",
+            "--export=ALL",
+        ]
+        options += [f"--partition={self.partition}"] if self.partition else []
+        options += [f"--account={self.account}"] if self.account else []
+        options += [f"--time={self.time_limit}"] if self.time_limit else []
+        options += [f"--nodes={self.nodes}"] if self.nodes else []
+        return options + list(self.extra)
+
+
+def batch_script(spec: LaunchSpec) -> str:
+    """The batch script of one attempt: srun of the worker (or of N members), SIGTERM passed
+    to its step, and srun's exit status recorded.  A job Slurm requeued runs it again: it
+    then exits 75 at once, since jobwarden starts the next attempt itself."""
+    folder = spec.folder
+    if spec.processes == 1:
+        io = [f"--output={folder / spec.stdout}", f"--error={folder / 'stderr.log'}"]
+        task = list(spec.argv)
+    else:
+        io = [f"--output={folder / 'slurm-tasks.log'}", "--open-mode=append"]
+        task = ["/bin/bash", str(folder / MEMBER_SCRIPT), *spec.argv]
+    srun = ["srun", f"--ntasks={spec.processes}", "--input=none", *io, *task]
+    exit_record = shlex.quote(str(folder / EXIT_RECORD))
+    return f"""#!/bin/bash
+# jobwarden: attempt {spec.attempt} of job {spec.job_id}
+umask 077
+if [ "${{SLURM_RESTART_COUNT:-0}}" != 0 ]; then
+    echo "jobwarden: requeued by Slurm; the daemon starts the next attempt" >&2
+    exit 75
+fi
+trap 'scancel --signal=TERM "$SLURM_JOB_ID"' TERM
+{shlex.join(srun)} &
+child=$!
+while :; do
+    wait "$child"; status=$?
+    kill -0 "$child" 2>/dev/null || break
+done
+printf '%s\\n' "$status" > {exit_record}.tmp && mv {exit_record}.tmp {exit_record}
+exit "$status"
+"""
+
+
+def member_script(spec: LaunchSpec, port: int) -> str:
+    """The script each srun task runs for a job of ``spec.processes`` members: member
+    ``SLURM_PROCID``, with the coordinator on the node that launched the step, at ``port``.
+
+    The worker gets the step's signals straight from Slurm (the whole task is signalled);
+    the script only waits for it (its own traps are no-ops) and records its exit status.
+    JAX's own Slurm detection (``SlurmCluster``) would pick the same members from the same
+    variables; the SDK is given them explicitly so a member's files are named as locally.
+    """
+    folder = spec.folder
+    cases = []
+    for index in range(spec.processes):
+        files = [
+            member_file(spec.stdout, index),
+            member_file("stderr.log", index),
+            member_file(MEMBER_EXIT, index),
+        ]
+        out, err, record = (shlex.quote(str(folder / name)) for name in files)
+        cases.append(f"    {index}) out={out} err={err} record={record} ;;")
+    arms = "\n".join(cases)
+    return f"""#!/bin/bash
+# jobwarden: one member of attempt {spec.attempt} of job {spec.job_id} (srun task $SLURM_PROCID)
+umask 077
+case "$SLURM_PROCID" in
+{arms}
+    *) echo "jobwarden: task $SLURM_PROCID of {spec.processes}?" >&2; exit 2 ;;
+esac
+export {PROCESS_ID_ENV}="$SLURM_PROCID" {PROCESSES_ENV}={spec.processes}
+export {COORDINATOR_ENV}="${{SLURM_LAUNCH_NODE_IPADDR:-127.0.0.1}}:{port}"
+trap : TERM USR1 INT
+"$@" < /dev/null > "$out" 2> "$err" &
+child=$!
+while :; do
+    wait "$child"; status=$?
+    kill -0 "$child" 2>/dev/null || break
+done
+printf '%s\\n' "$status" > "$record.tmp" && mv "$record.tmp" "$record"
+exit "$status"
+"""
+
+
+def member_status(folder: Path, index: int) -> int | None:
+    """Member ``index``'s exit status as its script recorded it (a shell's: 137 is SIGKILL)."""
+    return read_status(folder / member_file(MEMBER_EXIT, index))
+
+
+def read_status(path: Path) -> int | None:
+    """An exit status written by a batch or member script; None before it is written."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None

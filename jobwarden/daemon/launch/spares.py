@@ -1,0 +1,260 @@
+"""Warm spares: one pre-started worker per task and runtime, handed the next attempt.
+
+A built-in task job's attempt (`jobwarden.worker.command.worker_argv`, one
+process, no workdir of its own) is matched to a *key*: the task, its training
+fields, the worker's interpreter, compile cache and environment.  The first
+attempt of a key starts cold and, beside it, a spare
+(``python -m jobwarden.worker.spare``, `jobwarden.worker.spare`): JAX imported,
+the task's data built, its update compiled, no lock held, nothing written to
+any checkpoint directory.  The next attempt of that key (a recovery, or another
+job of the same configuration) is handed to the spare over its stdin and
+followed like any worker (`LocalAttempt` on the same process: its stdout is the
+attempt's events, its stderr the attempt's ``stderr.log`` from the handoff on);
+another spare starts in the background once the handed one is under way.
+
+A spare runs as the worker would: the same user, environment, session of its
+own, cgroup and rlimits (the daemon's).  Command jobs and SDK programs get no
+spare: what their program imports and compiles is theirs.  A spare whose key
+has had no live attempt for `IDLE_S` is retired, and every spare ends by
+itself when its stdin closes (the daemon exits, however it exits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from jobwarden.daemon.launch.base import ATTEMPT_ENV, LINE_LIMIT, LaunchSpec, RunningAttempt
+from jobwarden.daemon.store.evidence import open_evidence
+from jobwarden.errors import JobwardenError
+from jobwarden.jobfile import load_job
+from jobwarden.runtime import SUPERVISOR_ENV
+
+log = structlog.get_logger("wardend.spare")
+
+WORKER_MODULE = ("-P", "-m", "jobwarden.worker")
+IDLE_S = 60.0
+"""A spare whose key had no live attempt for this long is retired."""
+REPLACE_AFTER_S = 0.5
+"""After a handoff, the next spare starts this much later: its import must not slow the
+handed worker's restore on a small machine."""
+READY_TIMEOUT_S = 300.0
+
+Spawn = Callable[[LaunchSpec, str], Awaitable[RunningAttempt]]
+Adopt = Callable[[LaunchSpec, asyncio.subprocess.Process], RunningAttempt]
+
+
+@dataclass(frozen=True)
+class WorkerCall:
+    """The built-in worker's command line, parsed back (`worker_argv`)."""
+
+    python: str
+    job: Path
+    options: dict[str, str]
+
+    @classmethod
+    def parse(cls, spec: LaunchSpec) -> WorkerCall | None:
+        """The worker call of ``spec``; None for anything a spare cannot run."""
+        argv = spec.argv
+        if spec.processes != 1 or spec.cwd is not None or tuple(argv[1:4]) != WORKER_MODULE:
+            return None
+        rest = argv[4:]
+        if len(rest) % 2 or not all(name.startswith("--") for name in rest[::2]):
+            return None
+        options = dict(zip(rest[::2], rest[1::2], strict=True))
+        if "--job" not in options or "--checkpoint-dir" not in options:
+            return None
+        return cls(argv[0], Path(options["--job"]), options)
+
+    def key(self, env: dict[str, str]) -> str | None:
+        """What a spare must share with this attempt to run it; None for a command job."""
+        try:
+            job = load_job(self.job)
+        except (JobwardenError, OSError):
+            return None
+        if job.task is None:
+            return None
+        cache = self.options.get("--compile-cache")
+        return json.dumps([job.task, job.train_fields(), self.python, cache, sorted(env.items())])
+
+    def handoff(self, stderr: Path) -> bytes:
+        """The line that hands the attempt to a spare."""
+        message = {
+            "job": str(self.job),
+            "checkpoint_dir": self.options["--checkpoint-dir"],
+            "compile_cache": self.options.get("--compile-cache"),
+            "signing_key": self.options.get("--signing-key"),
+            "stderr": str(stderr),
+        }
+        return json.dumps(message).encode() + b"\n"
+
+
+@dataclass
+class Spare:
+    """One spare process and whether it has reported ready."""
+
+    proc: asyncio.subprocess.Process
+    folder: Path
+    ready: asyncio.Task[bool] | None = None
+
+    def usable(self) -> bool:
+        """Prepared and still alive."""
+        done = self.ready is not None and self.ready.done() and not self.ready.cancelled()
+        return done and self.ready is not None and self.ready.result() and self.alive()
+
+    def alive(self) -> bool:
+        """Not yet exited."""
+        return self.proc.returncode is None
+
+    def retire(self) -> None:
+        """Close its stdin: it ends at once, preparing or waiting."""
+        if self.ready is not None:
+            self.ready.cancel()
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+
+
+@dataclass
+class SparePool:
+    """The daemon's spares, one per key, and the live attempts of each key."""
+
+    spares: dict[str, Spare] = field(default_factory=dict)
+    live: dict[str, int] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
+    handed: int = 0
+    _timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
+    _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    async def start(self, spec: LaunchSpec, spawn: Spawn, adopt: Adopt) -> RunningAttempt:
+        """Start ``spec``'s attempt: on this key's spare when one is ready, else cold (``spawn``);
+        either way a spare of the key is (re)started in the background."""
+        call = WorkerCall.parse(spec)
+        key = call.key(spec.env) if call is not None else None
+        if call is None or key is None:
+            return await spawn(spec, "stderr.log")
+        attempt = await self._hand(key, call, spec, adopt)
+        if attempt is None:
+            attempt = await spawn(spec, "stderr.log")
+            self._background(self._ensure(key, call, spec, 0.0))
+        else:
+            self._background(self._ensure(key, call, spec, REPLACE_AFTER_S))
+        self._follow(key, attempt)
+        return attempt
+
+    async def _hand(
+        self, key: str, call: WorkerCall, spec: LaunchSpec, adopt: Adopt
+    ) -> RunningAttempt | None:
+        spare = self.spares.get(key)
+        if spare is None or not spare.usable() or spare.proc.stdin is None:
+            return None
+        del self.spares[key]
+        spec.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        stderr = spec.folder / "stderr.log"
+        open_evidence(stderr).close()  # created here as the daemon creates it: never a link
+        try:
+            spare.proc.stdin.write(call.handoff(stderr))
+            await spare.proc.stdin.drain()
+            spare.proc.stdin.close()
+        except (BrokenPipeError, ConnectionResetError) as error:
+            log.warning("spare.lost", pid=spare.proc.pid, error=repr(error))
+            spare.retire()
+            return None
+        self.handed += 1
+        log.info("spare.handed", job=spec.job_id, attempt=spec.attempt, pid=spare.proc.pid)
+        return adopt(spec, spare.proc)
+
+    async def _ensure(self, key: str, call: WorkerCall, spec: LaunchSpec, delay_s: float) -> None:
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        current = self.spares.get(key)
+        if key in self.failed or (current is not None and current.alive()):
+            return
+        if not self.live.get(key):
+            return
+        folder = spec.folder.parent.parent / "spares" / str(time.time_ns())
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        argv = [call.python, "-P", "-m", "jobwarden.worker.spare", "--job", str(call.job)]
+        if "--compile-cache" in call.options:
+            argv += ["--compile-cache", call.options["--compile-cache"]]
+        env = {**spec.env, SUPERVISOR_ENV: str(os.getpid()), ATTEMPT_ENV: str(folder)}
+        with open_evidence(folder / "stderr.log") as stderr:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=stderr,
+                env=env,
+                start_new_session=True,
+                limit=LINE_LIMIT,
+            )
+        spare = self.spares[key] = Spare(proc, folder)
+        spare.ready = asyncio.ensure_future(self._wait_ready(key, spare))
+        log.info("spare.started", pid=proc.pid, task=json.loads(key)[0], folder=str(folder))
+
+    async def _wait_ready(self, key: str, spare: Spare) -> bool:
+        assert spare.proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(spare.proc.stdout.readline(), READY_TIMEOUT_S)
+            ready = json.loads(line) if line else {}
+        except (TimeoutError, ValueError):
+            ready = {}
+        if ready.get("spare") == "ready":
+            log.info("spare.ready", pid=spare.proc.pid, prepared_s=ready.get("prepared_s"))
+            return True
+        log.warning("spare.unprepared", pid=spare.proc.pid, stderr=str(spare.folder))
+        self.failed.add(key)  # no second try for a key whose preparation fails
+        spare.retire()
+        return False
+
+    def _follow(self, key: str, attempt: RunningAttempt) -> None:
+        self.live[key] = self.live.get(key, 0) + 1
+        if (timer := self._timers.pop(key, None)) is not None:
+            timer.cancel()
+
+        async def ended() -> None:
+            await attempt.ended.wait()
+            self.live[key] -= 1
+            if not self.live[key]:
+                loop = asyncio.get_running_loop()
+                self._timers[key] = loop.call_later(IDLE_S, self._retire, key)
+
+        self._background(ended())
+
+    def _retire(self, key: str) -> None:
+        self._timers.pop(key, None)
+        if self.live.get(key):
+            return
+        spare = self.spares.pop(key, None)
+        if spare is not None:
+            log.info("spare.retired", pid=spare.proc.pid)
+            spare.retire()
+            self._background(spare.proc.wait())
+
+    def _background(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def pids(self) -> list[int]:
+        """The pids of the spares not handed out (for tests and status)."""
+        return [s.proc.pid for s in self.spares.values() if s.alive()]
+
+    def close(self) -> None:
+        """Retire every spare (they end at once)."""
+        for spare in self.spares.values():
+            spare.retire()
+        self.spares.clear()
+        for timer in self._timers.values():
+            timer.cancel()
+        with contextlib.suppress(RuntimeError):
+            for task in self._tasks:
+                task.cancel()

@@ -1,0 +1,1 @@
+"""What the daemon tells outside: metrics, the exporter, hooks, systemd notify."""

@@ -1,0 +1,382 @@
+"""Notifications: an exec hook or a webhook told of job state changes and incidents.
+
+Three event names, in the spirit of supervisord's ``PROCESS_STATE_*``
+eventlistener events but as JSON objects (docs/daemon.md, "Notifications"):
+
+- ``job.state``: a job moved ``from`` one state ``to`` another (``from`` is
+  null when an accepted job enters ``queued``);
+- ``incident.opened`` and ``incident.concluded``: an incident's ``kind``,
+  ``summary`` (its symptom), ``status`` and, once concluded, ``outcome``.
+
+The loop only enqueues (`Notifications.job_state`, `Notifications.incident`):
+each sink has a bounded queue that drops its oldest event when full, counted
+and logged as ``notify.overflow``, and its own thread that delivers each
+event with retries and backoff.  An event still undelivered after its last
+try is logged as ``notify.dropped`` with the error, and the next one is sent.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from jobwarden import __version__
+from jobwarden.daemon.observe.notify import child_environment
+from jobwarden.daemon.store.evidence import describe
+from jobwarden.errors import JobwardenError
+
+if TYPE_CHECKING:
+    from jobwarden.daemon.incidents.records import Incident, IncidentLog
+    from jobwarden.daemon.store.jobs import JobRecord, JobTable
+    from jobwarden.daemon.store.layout import Root
+    from jobwarden.states import JobState
+
+log = structlog.get_logger("wardend.notify")
+
+SCHEMA = 1
+"""The version of the event objects."""
+QUEUE_SIZE = 1000
+"""Events each sink holds while its deliveries lag; beyond it the oldest is dropped."""
+TRIES = 3
+"""Deliveries of one event before it is dropped."""
+BACKOFF_S = 0.5
+"""The wait after a first failed try; doubled after each further one."""
+DRAIN_S = 5.0
+"""How long a stopping daemon waits for each sink's queued events."""
+SUMMARY_CHARS = 500
+"""An incident's summary is its symptom, cut to this length."""
+ERROR_CHARS = 300
+"""Of a hook's stderr or a webhook's reply, this much is kept in the log."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """``--notify-exec``, ``--notify-webhook`` and ``--notify-timeout``; no sink by default."""
+
+    exec: str | None = None
+    """The hook program's absolute path (`check_program`)."""
+    webhook: str | None = None
+    """An http or https URL (`check_webhook`)."""
+    timeout_s: float = 10.0
+    """Seconds one try may take: the hook's run, or the webhook's connect and reply."""
+
+
+class NotifySettingError(JobwardenError):
+    """Raised at start when ``--notify-exec`` or ``--notify-webhook`` cannot be used."""
+
+    code = "notify.setting"
+    exit_status = 2
+
+    def __init__(self, option: str, value: str, problem: str) -> None:
+        super().__init__(f"{option} {value!r}: {problem}", option=option, value=value)
+
+
+class DeliveryError(Exception):
+    """Raised by a sink when one try failed; the message is what the log keeps."""
+
+
+def now_iso() -> str:
+    """The wall time as ISO 8601 with its zone (UTC), to the millisecond."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+
+
+def job_state_event(record: JobRecord, source: JobState | None, reason: str) -> dict[str, Any]:
+    """The ``job.state`` event of a transition that has just been persisted."""
+    return {
+        "event": "job.state",
+        "schema": SCHEMA,
+        "time": now_iso(),
+        "job": record.id,
+        "from": source.value if source is not None else None,
+        "to": record.state.value,
+        "reason": reason,
+        "attempt": record.attempt,
+    }
+
+
+def incident_event(incident: Incident, name: str) -> dict[str, Any]:
+    """The ``incident.opened`` or ``incident.concluded`` event of an incident."""
+    event: dict[str, Any] = {
+        "event": name,
+        "schema": SCHEMA,
+        "time": now_iso(),
+        "job": incident.job,
+        "incident": incident.id,
+        "kind": str(incident.kind),
+        "summary": incident.symptom[:SUMMARY_CHARS],
+        "status": incident.status,
+        "attempt": incident.attempt,
+    }
+    if name == "incident.concluded":
+        event["outcome"] = incident.outcome[:SUMMARY_CHARS]
+    return event
+
+
+def environment_of(event: Mapping[str, Any]) -> dict[str, str]:
+    """The ``JOBWARDEN_EVENT*`` variables an exec hook gets beside the JSON on stdin."""
+    names = {"event": "JOBWARDEN_EVENT", "time": "JOBWARDEN_EVENT_TIME"}
+    env = {}
+    for key in ("event", "time", "job", "from", "to", "incident", "kind", "status"):
+        value = event.get(key)
+        if value is not None:
+            env[names.get(key, f"JOBWARDEN_EVENT_{key.upper()}")] = str(value)
+    return env
+
+
+class Sink(Protocol):
+    """Where events go: one try per call, `DeliveryError` when it failed."""
+
+    name: str
+
+    def deliver(self, body: bytes, event: Mapping[str, Any]) -> None:
+        """Deliver one event, or raise `DeliveryError`."""
+
+
+class ExecHook:
+    """Runs a program per event: argv[0] only, no shell, the event on stdin."""
+
+    name = "exec"
+
+    def __init__(
+        self, program: str, environ: Mapping[str, str], cwd: Path, timeout_s: float
+    ) -> None:
+        self.program = program
+        self.environment = child_environment(environ)
+        self.cwd = cwd
+        self.timeout_s = timeout_s
+
+    def deliver(self, body: bytes, event: Mapping[str, Any]) -> None:
+        """Run the hook once; a non-zero exit, a timeout or a failed start is a failed try."""
+        try:
+            done = subprocess.run(  # the operator's own program, no shell
+                [self.program],
+                input=body,
+                env={**self.environment, **environment_of(event)},
+                cwd=self.cwd,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                timeout=self.timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as error:
+            raise DeliveryError(f"no exit within {self.timeout_s} s (killed)") from error
+        except OSError as error:
+            raise DeliveryError(f"could not start: {error}") from error
+        if done.returncode != 0:
+            tail = done.stderr.decode(errors="replace").strip()[-ERROR_CHARS:]
+            raise DeliveryError(f"exit status {done.returncode}" + (f": {tail}" if tail else ""))
+
+
+class Webhook:
+    """POSTs each event as application/json to an http or https URL."""
+
+    name = "webhook"
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+
+    def deliver(self, body: bytes, event: Mapping[str, Any]) -> None:
+        """POST once; anything but a 2xx reply within the timeout is a failed try."""
+        request = urllib.request.Request(  # noqa: S310 - the scheme is checked at start
+            self.url,
+            data=body,
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "User-Agent": f"jobwarden/{__version__}",
+                "X-Jobwarden-Event": str(event["event"]),
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:  # noqa: S310
+                reply.read(ERROR_CHARS)
+        except urllib.error.HTTPError as error:
+            raise DeliveryError(f"HTTP {error.code} {error.reason}") from error
+        except (OSError, ValueError) as error:  # URLError, timeouts, resets, a bad reply
+            reason = getattr(error, "reason", error)
+            text = describe(reason) if isinstance(reason, OSError) else str(reason)
+            raise DeliveryError(text) from error
+
+
+def check_webhook(url: str) -> str:
+    """The URL, if it is an http or https URL with a host; raises `NotifySettingError`."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise NotifySettingError("--notify-webhook", url, "expected an http:// or https:// URL")
+    return url
+
+
+def check_program(program: str) -> str:
+    """The hook's absolute path (a bare name is looked up on PATH); raises `NotifySettingError`."""
+    found = shutil.which(program) if os.sep not in program else program
+    if found is None or not Path(found).is_file() or not os.access(found, os.X_OK):
+        raise NotifySettingError("--notify-exec", program, "not an executable file")
+    return str(Path(found).absolute())
+
+
+class Channel:
+    """One sink's bounded queue and the thread that delivers from it."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        *,
+        size: int = QUEUE_SIZE,
+        tries: int = TRIES,
+        backoff_s: float = BACKOFF_S,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
+        self.sink = sink
+        self.size, self.tries, self.backoff_s, self.sleep = size, tries, backoff_s, sleep
+        self.pending: deque[dict[str, Any]] = deque()
+        self.wake = threading.Condition()
+        self.busy = False
+        self.closing = False
+        self.sent = self.dropped = self.overflowed = 0
+        self.thread = threading.Thread(target=self._run, name=f"notify-{sink.name}", daemon=True)
+
+    def put(self, event: dict[str, Any]) -> None:
+        """Queue one event (from the loop; never waits on a delivery)."""
+        with self.wake:
+            if len(self.pending) >= self.size:
+                lost = self.pending.popleft()
+                self.overflowed += 1
+                log.warning(
+                    "notify.overflow",
+                    sink=self.sink.name,
+                    lost=lost["event"],
+                    job=lost.get("job"),
+                    overflowed=self.overflowed,
+                )
+            self.pending.append(event)
+            self.wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.wake:
+                while not self.pending and not self.closing:
+                    self.wake.wait()
+                if not self.pending:
+                    return
+                event = self.pending.popleft()
+                self.busy = True
+            try:
+                self._deliver(event)
+            finally:
+                with self.wake:
+                    self.busy = False
+                    self.wake.notify_all()
+
+    def _deliver(self, event: dict[str, Any]) -> None:
+        body = (json.dumps(event, default=str) + "\n").encode()
+        error: BaseException | None = None
+        for attempt in range(self.tries):
+            if attempt:
+                self.sleep(self.backoff_s * 2 ** (attempt - 1))
+            try:
+                self.sink.deliver(body, event)
+            except Exception as failed:  # noqa: BLE001 - DeliveryError, or a bug that must not end the thread
+                error = failed
+            else:
+                self.sent += 1
+                return
+        self.dropped += 1
+        log.error(
+            "notify.dropped",
+            sink=self.sink.name,
+            notification=event["event"],
+            job=event.get("job"),
+            tries=self.tries,
+            error=str(error),
+        )
+
+    def close(self, timeout_s: float = DRAIN_S) -> None:
+        """Deliver what is queued for up to ``timeout_s``, then stop the thread."""
+        deadline = time.monotonic() + timeout_s
+        with self.wake:
+            self.closing = True
+            self.wake.notify_all()
+            while (self.pending or self.busy) and time.monotonic() < deadline:
+                self.wake.wait(max(0.0, deadline - time.monotonic()))
+            left = len(self.pending)
+            self.pending.clear()
+            self.wake.notify_all()
+        if left:
+            log.error("notify.abandoned", sink=self.sink.name, events=left)
+        self.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class Notifications:
+    """Every configured sink; the daemon's table and incident log call it on each change."""
+
+    def __init__(self, sinks: list[Sink]) -> None:
+        self.channels = [Channel(sink) for sink in sinks]
+
+    @classmethod
+    def attach(
+        cls, settings: Settings, root: Root, table: JobTable, incidents: IncidentLog
+    ) -> Notifications:
+        """The sinks ``settings`` ask for, listening to the table's and the log's changes.
+
+        The hook runs in the root folder with the workers' environment.
+        """
+        sinks: list[Sink] = []
+        if settings.exec is not None:
+            sinks.append(ExecHook(settings.exec, os.environ, root.path, settings.timeout_s))
+        if settings.webhook is not None:
+            sinks.append(Webhook(settings.webhook, settings.timeout_s))
+        notifications = cls(sinks)
+        table.listeners.append(notifications.job_state)
+        incidents.listeners.append(notifications.incident)
+        return notifications
+
+    def start(self) -> None:
+        """Start each sink's thread."""
+        for channel in self.channels:
+            channel.thread.start()
+            log.info("notify.started", sink=channel.sink.name)
+
+    def publish(self, event: dict[str, Any]) -> None:
+        """Queue ``event`` for every sink."""
+        for channel in self.channels:
+            channel.put(event)
+
+    def job_state(self, record: JobRecord, source: JobState | None, reason: str) -> None:
+        """A `JobTable` listener: a job changed state."""
+        if self.channels:
+            self.publish(job_state_event(record, source, reason))
+
+    def incident(self, incident: Incident, name: str) -> None:
+        """An `IncidentLog` listener: an incident was opened or concluded."""
+        if self.channels:
+            self.publish(incident_event(incident, name))
+
+    def counts(self) -> dict[str, int]:
+        """Events sent, dropped after their tries, and lost to a full queue, over all sinks."""
+        return {
+            "sent": sum(c.sent for c in self.channels),
+            "dropped": sum(c.dropped for c in self.channels),
+            "overflowed": sum(c.overflowed for c in self.channels),
+        }
+
+    def close(self) -> None:
+        """Drain and stop every sink (at daemon stop)."""
+        for channel in self.channels:
+            if channel.thread.is_alive():
+                channel.close()

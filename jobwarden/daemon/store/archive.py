@@ -1,0 +1,162 @@
+"""The archive: settled jobs moved whole out of ``ROOT/jobs/``, never deleted.
+
+``wardenctl remove JOB`` (or ``archive``) and the ``--keep-finished N``
+retention move a settled job's folder to ``ROOT/archive/<id>-<UTC time>/``
+in one rename, with an ``archived.json`` note beside its ``state.json``; the
+job leaves the daemon's table, so its id is free for a new submit.  Nothing
+in the archive is ever deleted by the daemon.  Its checkpoint directory is
+not part of the job folder and stays where it is.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from jobwarden.daemon.store import rootcheck
+from jobwarden.daemon.store.jobs import JobRecord
+from jobwarden.daemon.store.layout import Root
+from jobwarden.files import fsync_dir, write_text_atomic
+from jobwarden.states import SETTLED, TERMINAL
+
+if TYPE_CHECKING:
+    from jobwarden.daemon.wardend import Wardend
+
+log = structlog.get_logger("wardend.archive")
+
+ARCHIVE = "archive"
+NOTE = "archived.json"
+"""The note an archived job folder holds: when, why, and the state it rested in."""
+
+
+DAY_S = 86400.0
+"""Seconds in a day, for ``--keep-finished-days``."""
+
+
+def folder_of(root: Root) -> Path:
+    """``ROOT/archive``."""
+    return root.path / ARCHIVE
+
+
+def stamp(now: float) -> str:
+    """A UTC time for a folder name: ``20250102T030405.123456Z``."""
+    moment = datetime.datetime.fromtimestamp(now, datetime.UTC)
+    return moment.strftime("%Y%m%dT%H%M%S.%fZ")
+
+
+def archive_job(daemon: Wardend, record: JobRecord, reason: str) -> Path:
+    """Move a settled job's folder into the archive and forget the job; returns where it went.
+
+    Raises OSError when the move cannot be made (the job then stays as it was).
+    """
+    root, now = daemon.root, time.time()
+    archive = folder_of(root)
+    rootcheck.make_folder(archive)
+    target = archive / f"{record.id}-{stamp(now)}"
+    number = 1
+    while os.path.lexists(target):
+        target = archive / f"{record.id}-{stamp(now)}.{number}"
+        number += 1
+    source = root.job(record.id)
+    note = {
+        "job": record.id,
+        "archived": now,
+        "archived_utc": datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat(),
+        "reason": reason,
+        "state": record.state.value,
+        "from": str(source),
+    }
+    write_text_atomic(source / NOTE, json.dumps(note, indent=2) + "\n")
+    os.rename(source, target)
+    fsync_dir(archive)
+    fsync_dir(root.jobs)
+    daemon.table.drop(record.id)
+    for key, incident in list(daemon.incidents.unwritten.items()):
+        if incident.job == record.id:  # its folder has moved: nothing more is written for it
+            del daemon.incidents.unwritten[key]
+    log.info(
+        "job.archived",
+        job=record.id,
+        state=record.state.value,
+        folder=target.name,
+        reason=reason,
+    )
+    return target
+
+
+def settled_at(record: JobRecord) -> float:
+    """When the job came to rest: its last transition's time."""
+    return float(record.history[-1]["time"]) if record.history else record.updated
+
+
+def retain(
+    daemon: Wardend, keep: int | None, max_age_s: float | None = None, now: float | None = None
+) -> list[str]:
+    """Archive the oldest completed and cancelled jobs beyond ``keep``, and those settled
+    more than ``max_age_s`` ago; returns their ids.
+
+    Failed and escalated jobs are never archived automatically: they wait for
+    a person, and `status` keeps saying so until one decides.
+    """
+    if keep is None and max_age_s is None:
+        return []
+    done = sorted(
+        (r for r in daemon.table if r.state in TERMINAL and r.id not in daemon.supervisors),
+        key=settled_at,
+    )
+    now = time.time() if now is None else now
+    chosen: list[tuple[JobRecord, str]] = []
+    for index, record in enumerate(done):
+        if keep is not None and index < len(done) - keep:
+            chosen.append((record, f"retention: --keep-finished {keep}"))
+        elif max_age_s is not None and now - settled_at(record) > max_age_s:
+            chosen.append((record, f"retention: --keep-finished-days {max_age_s / DAY_S:g}"))
+    moved = []
+    for record, reason in chosen:
+        try:
+            archive_job(daemon, record, reason)
+        except OSError as error:
+            log.error("job.archive_failed", job=record.id, error=str(error))
+            break
+        moved.append(record.id)
+    return moved
+
+
+def rows(root: Root) -> list[dict[str, Any]]:
+    """Every archived job, oldest archived first (reads files: run it in a thread)."""
+    archive = folder_of(root)
+    found = []
+    for folder in sorted(archive.iterdir()) if archive.is_dir() else []:
+        try:
+            state = json.loads((folder / "state.json").read_text())
+            note = json.loads((folder / NOTE).read_text())
+        except (OSError, ValueError) as error:
+            found.append({"folder": folder.name, "archived": None, "error": str(error)})
+            continue
+        found.append(
+            {
+                "id": state.get("id"),
+                "state": state.get("state"),
+                "reason": state.get("reason"),
+                "attempt": state.get("attempt"),
+                "step": state.get("step"),
+                "steps": state.get("steps"),
+                "task": state.get("task"),
+                "checkpoint": state.get("checkpoint"),
+                "incidents": state.get("incidents", []),
+                "archived": note.get("archived"),
+                "archived_reason": note.get("reason"),
+                "folder": folder.name,
+            }
+        )
+    return sorted(found, key=lambda row: row["archived"] or 0)
+
+
+REMOVABLE = SETTLED
+"""What `remove` takes: completed, cancelled, failed or escalated."""

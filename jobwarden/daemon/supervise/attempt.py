@@ -1,0 +1,201 @@
+"""A live attempt of a job, as its supervisor sees it, and the one place its launch is prepared.
+
+A task job runs the built-in worker on the attempt's job file.  A command job
+runs its own argv in its workdir (default: the attempt's folder), with the
+job's ``env`` laid over the daemon's allow-listed worker environment and
+``JOBWARDEN_RUN_FILE`` naming the attempt's ``run.json``: a
+`jobwarden.sdk.RunFile` that tells the program its checkpoint directory and the
+``[run]`` and ``[faults]`` fields its job file sets (faults only in the first
+attempt).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jobwarden.daemon.incidents.records import Incident
+from jobwarden.daemon.launch.base import EVENTS_FILE, OUTPUT_FILE, LaunchSpec, RunningAttempt
+from jobwarden.daemon.store.jobs import JobRecord
+from jobwarden.daemon.store.layout import Root
+from jobwarden.daemon.supervise.heartbeat import Heartbeat
+from jobwarden.daemon.supervise.policy import AttemptReport, StopReason
+from jobwarden.daemon.supervise.stall import StallWatch
+from jobwarden.daemon.supervise.verification import ReplayVerifier
+from jobwarden.events import Event
+from jobwarden.files import write_text_atomic
+from jobwarden.jobfile import Job
+from jobwarden.program import Program
+from jobwarden.proof.replay import Verdict
+from jobwarden.sdk.settings import RUN_FILE_ENV, RunFile
+from jobwarden.worker.command import worker_argv
+
+CPU_MARK_EVERY_S = 0.5
+RUN_FILE = "run.json"
+
+
+def prepare(
+    root: Root, record: JobRecord, cache: Path, signing_key: Path | None, env: dict[str, str]
+) -> LaunchSpec:
+    """Write the attempt's folder and job file (faults only in the first attempt), and the
+    launch spec: the worker on them, or the job's own program and its run file."""
+    attempts = root.job(record.id) / "attempts"
+    attempts.mkdir(mode=0o700, exist_ok=True)
+    folder = attempts / str(record.attempt)
+    folder.mkdir(mode=0o700, exist_ok=True)
+    job = record.job if record.attempt == 1 else record.job.without_faults()
+    job_file = folder / "job.json"
+    write_text_atomic(job_file, json.dumps(job.to_record(), indent=2) + "\n")
+    checkpoint_dir = root.checkpoints / record.checkpoint
+    program = job.program
+    if program is None:
+        argv = worker_argv(job_file, checkpoint_dir, cache, signing_key)
+        return LaunchSpec(
+            record.id, record.attempt, folder, argv, dict(env), processes=job.run.processes
+        )
+    if not program.sdk:  # the SDK makes its own, private; a plain program finds it made
+        checkpoint_dir.mkdir(mode=0o700, exist_ok=True)
+    run_file = folder / RUN_FILE
+    write_text_atomic(run_file, run_file_text(job, checkpoint_dir, cache, signing_key))
+    return LaunchSpec(
+        record.id,
+        record.attempt,
+        folder,
+        list(program.argv),
+        program_environment(env, program, run_file),
+        cwd=Path(program.workdir) if program.workdir is not None else folder,
+        stdout=stdout_name(job),
+        processes=job.run.processes,
+    )
+
+
+def stdout_name(job: Job) -> str:
+    """The file of an attempt's folder that keeps its stdout: events, or a plain program's
+    own output."""
+    return EVENTS_FILE if job.emits_events else OUTPUT_FILE
+
+
+def output_entry(raw: bytes) -> dict[str, Any]:
+    """One line of a plain program's ``output.log``, as the ``events`` command gives it."""
+    return {"event": "output", "line": raw.decode(errors="replace")}
+
+
+def run_file_text(job: Job, checkpoint_dir: Path, cache: Path, signing_key: Path | None) -> str:
+    """The `RunFile` of one attempt of a command job, as JSON.
+
+    Only the fields the job file sets are written (``exclude_unset``), so the
+    program's own settings stand for the rest (docs/sdk.md, "Settings").
+    """
+    given: dict[str, Any] = {"signing_key": str(signing_key)} if signing_key else {}
+    document = RunFile(
+        v=1,
+        checkpoint_dir=str(checkpoint_dir),
+        job_id=job.id,
+        run=job.run,
+        faults=job.faults,
+        compile_cache=str(cache),
+        **given,
+    )
+    return document.model_dump_json(exclude_unset=True, indent=2) + "\n"
+
+
+def program_environment(
+    base: Mapping[str, str], program: Program, run_file: Path
+) -> dict[str, str]:
+    """A command job's environment: the allow-listed ``base``, the job's ``env`` over it,
+    and ``JOBWARDEN_RUN_FILE`` (the launcher adds ``JOBWARDEN_SUPERVISOR_PID``)."""
+    return {**base, **program.env, RUN_FILE_ENV: str(run_file)}
+
+
+@dataclass
+class Attempt:
+    """One live attempt of a job, with what its supervisor has learned from its events."""
+
+    record: JobRecord
+    number: int
+    running: RunningAttempt
+    stall: StallWatch
+    verifier: ReplayVerifier | None = None
+    failure: Event | None = None
+    completed: bool = False
+    stop_reason: StopReason | None = None
+    last_event: dict[str, Any] | None = None
+    last_progress: dict[str, Any] | None = None
+    checkpoint: tuple[int, str] | None = None
+    cpu_mark: tuple[float, float] | None = None
+    stall_evidence: dict[str, Any] | None = None
+    heartbeat: Heartbeat | None = None
+    """A plain program's heartbeat watch (None for a job that emits events)."""
+
+    @property
+    def folder(self) -> Path:
+        """The attempt's evidence folder (stdout, stderr.log, exit.json, job.json, run.json)."""
+        return self.running.spec.folder
+
+    @property
+    def stdout(self) -> Path:
+        """The file holding the attempt's stdout: events.jsonl, or a plain program's output.log."""
+        return self.folder / self.running.spec.stdout
+
+    @property
+    def incident(self) -> Incident | None:
+        """The incident this attempt recovers from, until its replay is settled."""
+        verifier = self.verifier
+        return verifier.incident if verifier and verifier.verdict is Verdict.PENDING else None
+
+    def observe(self, event: Event, stall_timeout_s: float | None, exit_timeout_s: float) -> None:
+        """Learn from one event: forward motion re-arms the stall watch, and a last event
+        (completed, failed) gives the process ``exit_timeout_s`` to leave: interpreter and
+        JAX teardown is not a stall of the training."""
+        self.last_event = {k: v for k, v in event.fields.items() if k != "components"}
+        kind = event.kind
+        if kind in ("ready", "progress", "checkpoint"):
+            self.stall.alive(stall_timeout_s)
+        elif kind in ("completed", "failed"):
+            self.stall.alive(stall_timeout_s, at_least_s=exit_timeout_s)
+        if kind == "progress":
+            self.last_progress = self.last_event
+            self.mark_cpu()
+        elif kind == "checkpoint":
+            self.checkpoint = (event["step"], event["file"])
+        elif kind == "completed":
+            self.completed = True
+        elif kind == "failed":
+            self.failure = event
+
+    def beat(self, stall_timeout_s: float | None) -> None:
+        """A plain program's heartbeat: forward motion, as ``progress`` is for an SDK program."""
+        self.stall.alive(stall_timeout_s)
+        self.mark_cpu()
+
+    def mark_cpu(self) -> None:
+        """Note the CPU time used so far, at most every half second, for stall evidence."""
+        now = time.monotonic()
+        if self.cpu_mark is None or now - self.cpu_mark[0] > CPU_MARK_EVERY_S:
+            cpu = self.running.sample().get("cpu_s")
+            if cpu is not None:
+                self.cpu_mark = (now, cpu)
+
+    def stopping(self, reason: StopReason) -> bool:
+        """Record that the daemon stops this attempt; False if it already is stopping."""
+        if self.stop_reason is not None or self.running.exit_info is not None:
+            return False
+        self.stop_reason = reason
+        return True
+
+    def report(self) -> AttemptReport:
+        """What the policy is told about this attempt."""
+        failure = self.failure
+        return AttemptReport(
+            number=self.number,
+            completed=self.completed,
+            failure_code=failure["code"] if failure is not None else None,
+            failure_message=failure["message"] if failure is not None else None,
+            stopped_by=self.stop_reason,
+            mismatch_step=self.verifier.mismatch_step if self.verifier is not None else None,
+            emits_events=self.record.job.emits_events,
+        )

@@ -1,0 +1,248 @@
+"""How each `Outcome` is written down: the incidents it opens or concludes, and the transition.
+
+The policy decides; the supervisor calls these to record the decision, then
+frees the job's slot or schedules its restart.  Each function leaves the job
+in the state its outcome names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import structlog
+
+from jobwarden.daemon.incidents.records import Incident
+from jobwarden.daemon.launch.base import ExitInfo
+from jobwarden.daemon.store.jobs import JobRecord
+from jobwarden.daemon.supervise import diagnosis, plain, policy
+from jobwarden.daemon.supervise.attempt import Attempt
+from jobwarden.daemon.supervise.heartbeat import Heartbeat
+from jobwarden.daemon.supervise.policy import IncidentKind, StopReason
+from jobwarden.daemon.supervise.verification import ReplayVerifier
+from jobwarden.files import UnsafePathError
+from jobwarden.proof.replay import ReplayPlan, Verdict
+from jobwarden.states import TRANSITIONS, JobState
+
+if TYPE_CHECKING:
+    from jobwarden.daemon.supervise.supervisor import Services
+
+log = structlog.get_logger("wardend.outcomes")
+
+S = JobState
+
+
+def complete(
+    s: Services, record: JobRecord, outcome: policy.Completed, attempt: Attempt | None
+) -> None:
+    """The job finished; a recovery it made on the way says so in its incident."""
+    verifier = attempt.verifier if attempt is not None else None
+    if verifier is not None and verifier.verdict in (Verdict.VERIFIED, Verdict.UNVERIFIED):
+        verifier.incident.outcome += (
+            f" The job then completed at step {record.step}."
+            if record.job.emits_events
+            else " The program then exited 0: the job completed."
+        )
+        s.incidents.write(verifier.incident, "incident.job_completed")
+    s.table.transition(record, S.COMPLETED, outcome.reason, step=record.step)
+
+
+def start_plain(
+    s: Services, record: JobRecord, attempt: Attempt, on_beat: Callable[[], None]
+) -> None:
+    """A plain program: watch its heartbeat, if it has one, and conclude the recovery it
+    makes as unverified now (it logs no state, so there is nothing to wait for)."""
+    cwd = attempt.running.spec.cwd or attempt.folder
+    beat = attempt.heartbeat = Heartbeat.of(record.job, cwd, s.clock, on_beat)
+    if beat.watching:
+        attempt.stall.start(record.job.supervision.startup_timeout_s)
+        beat.start()
+    elif record.state is S.STARTING:
+        s.table.transition(
+            record, S.RUNNING, f"attempt {attempt.number} started (no heartbeat to watch)"
+        )
+    if attempt.verifier is not None:
+        recovered_unverified(s, record, attempt, attempt.verifier)
+
+
+def replay(s: Services, record: JobRecord, attempt: Attempt, check: Callable[[], Verdict]) -> None:
+    """Run one step of the replay proof and act on a verdict it reaches."""
+    verifier = attempt.verifier
+    if verifier is None:
+        return
+    before, lost_before = verifier.verdict, verifier.time_lost_s
+    verdict = check()
+    if verifier.time_lost_s is not None and lost_before is None:
+        record.time_lost_s += verifier.time_lost_s
+        s.table.save(record)
+        s.incidents.write(verifier.incident, "incident.goodput")
+    if verdict is before:
+        return
+    if verdict is Verdict.MISMATCH:
+        # Stop at once: SIGKILL, so the different experiment commits nothing more.
+        if attempt.stopping(StopReason.MISMATCH):
+            attempt.running.kill()
+        log.error("replay.mismatch", job=record.id, step=verifier.mismatch_step)
+        return
+    record.replayed_updates += verifier.plan.replayed_updates
+    s.incidents.conclude(
+        verifier.incident,
+        verdict.value,
+        diagnosis.recovered_text(attempt.number, verifier.plan.restored_step),
+        f"incident.{verdict.value}",
+    )
+    if record.state is S.RECOVERING:
+        s.table.transition(record, S.RUNNING, f"recovery {verdict}", verdict=verdict.value)
+
+
+async def wait_orphans(s: Services, record: JobRecord) -> int | None:
+    """After the daemon's restart, return once no worker it started for the job lives: the
+    pid it saved and any process `Launcher.find_orphans` finds by the job's folder (one
+    whose pid was never saved: the daemon died in between).  Returns the first such pid."""
+    found = await asyncio.to_thread(s.launcher.find_orphans, s.root.job(record.id))
+    if record.pid is not None:
+        found.insert(0, (record.pid, record.pid_started))
+    for pid, started in found:
+        log.info("orphan.waiting", job=record.id, pid=pid, pid_saved=pid == record.pid)
+        await s.launcher.wait_orphan(pid, started)
+    return found[0][0] if found else None
+
+
+def restarted(
+    s: Services, record: JobRecord, previous: int | None, left_open: list[Incident]
+) -> ReplayVerifier:
+    """The daemon restarted while the job was active: the incidents an earlier daemon left
+    open are concluded, a ``daemon_restart`` incident opened, and the job is recovering."""
+    folder = s.root.job(record.id) / "attempts" / str(record.attempt)
+    plan = ReplayPlan.from_events(record.attempt, folder / "events.jsonl")
+    number = len(record.incidents) + 1
+    incident = diagnosis.restart_incident(record, plan, folder, previous, number)
+    s.incidents.interrupt(left_open, f"incident {incident.id} carries the recovery on")
+    s.incidents.open(record, incident, "incident.detected")
+    record.resume_on_start = False
+    s.table.transition(record, S.RECOVERING, "daemon restarted", incident=incident.id)
+    return ReplayVerifier(plan, incident)
+
+
+def unsafe_path(s: Services, record: JobRecord, error: UnsafePathError) -> None:
+    """A path the daemon writes for the job is a link or not its own: the job is escalated
+    with an ``unsafe_path`` incident naming it.  When that incident cannot be written either
+    (the incident log is the path), state.json's ``error`` and the daemon's log say so."""
+    record.error = f"unsafe_path: {error.message}"
+    now = time.time()
+    incident = Incident(
+        id=f"{record.id}-{len(record.incidents) + 1}",
+        job=record.id,
+        kind=IncidentKind.UNSAFE_PATH,
+        opened=now,
+        attempt=record.attempt,
+        symptom=f"A path the daemon writes for job {record.id} is unsafe: {error.message}.",
+        evidence={"path": error.path},
+        details={k: str(v) for k, v in error.evidence.items()},
+        outcome="Escalated: nothing was written through the path, and no attempt follows "
+        "until a person removes what is there and resumes the job.",
+        status="escalated",
+        prevention=["Only the daemon's user may write under its root; find who planted it."],
+        closed=now,
+    )
+    try:
+        s.incidents.open(record, incident, "incident.escalated")
+    except UnsafePathError as unwritten:
+        record.error += f" (incident {incident.id} not recorded: {unwritten.message})"
+    log.error("job.unsafe_path", job=record.id, path=error.path, error=record.error)
+    if S.ESCALATED in TRANSITIONS[record.state]:
+        s.table.transition(record, S.ESCALATED, record.error, incident=incident.id)
+    else:  # already settled (completed, say): the refusal is kept in its record
+        s.table.save(record)
+
+
+def recovered_unverified(
+    s: Services, record: JobRecord, attempt: Attempt, verifier: ReplayVerifier
+) -> None:
+    """A plain program's recovery attempt has started: its incident is concluded unverified
+    at once (no state was logged, so there is nothing to wait for) and the job runs on."""
+    verifier.unverifiable()
+    incident = verifier.incident
+    incident.action = plain.recovery_action(attempt, incident)
+    s.incidents.conclude(
+        incident, "unverified", plain.unverified_text(attempt), "incident.unverified"
+    )
+    if record.state is S.RECOVERING:
+        s.table.transition(
+            record, S.RUNNING, "recovery unverified (a plain program)", verdict="unverified"
+        )
+
+
+def preempt(
+    s: Services, record: JobRecord, outcome: policy.Preempted, info: ExitInfo | None
+) -> None:
+    """The job waits, for resume or the next daemon start."""
+    record.resume_on_start = outcome.resume_on_start
+    exit_status = {"exit_status": info.status} if info is not None else {}
+    s.table.transition(record, S.PREEMPTED, outcome.reason, **exit_status)
+
+
+def escalate_mismatch(
+    s: Services, record: JobRecord, outcome: policy.Escalate, incident: Incident
+) -> None:
+    """A replayed state differed: the recovery's own incident is escalated."""
+    s.incidents.conclude(incident, "escalated", diagnosis.MISMATCH_OUTCOME, "incident.escalated")
+    s.table.transition(record, S.ESCALATED, outcome.reason, incident=incident.id)
+
+
+def failure(
+    s: Services,
+    record: JobRecord,
+    outcome: policy.Escalate | policy.Fail | policy.Restart,
+    attempt: Attempt,
+    info: ExitInfo,
+) -> Incident:
+    """A failed attempt: its incident, the end of a recovery it was making, and the state
+    (recovering, escalated or failed); returns the new incident."""
+    kind = outcome.kind
+    incident = diagnosis.failure_incident(
+        attempt,
+        kind,
+        diagnosis.symptom(attempt, info, kind),
+        len(record.incidents) + 1,
+        s.root.checkpoints / record.checkpoint,
+    )
+    s.incidents.open(record, incident, "incident.detected")
+    log.warning("incident.detected", job=record.id, incident=incident.id, kind=kind.value)
+    recovering = attempt.incident
+    if recovering is not None:
+        s.incidents.conclude(
+            recovering,
+            "failed",
+            diagnosis.recovery_failed_text(attempt.number, incident.id),
+            "incident.recovery_failed",
+        )
+    if isinstance(outcome, policy.Restart):
+        record.restarts += 1
+        incident.details["backoff_s"] = outcome.delay_s
+        s.incidents.write(incident, "incident.opened")
+        s.table.transition(record, S.RECOVERING, outcome.reason, incident=incident.id)
+        return incident
+    escalate = isinstance(outcome, policy.Escalate)
+    status, state = ("escalated", S.ESCALATED) if escalate else ("failed", S.FAILED)
+    text = diagnosis.escalated_text(attempt, kind) if escalate else diagnosis.failed_text(record)
+    s.incidents.conclude(incident, status, text, f"incident.{status}")
+    s.table.transition(record, state, outcome.reason, incident=incident.id)
+    return incident
+
+
+def refuse_duplicate(
+    s: Services, record: JobRecord, refusal: policy.Escalate, owner: JobRecord
+) -> None:
+    """No worker was started: a live job owns the checkpoint."""
+    incident = diagnosis.duplicate_writer_incident(record, owner, len(record.incidents) + 1, s.root)
+    s.incidents.open(record, incident, "incident.duplicate_writer_prevented")
+    log.warning(
+        "incident.duplicate_writer_prevented",
+        job=record.id,
+        owner=owner.id,
+        checkpoint=record.checkpoint,
+    )
+    s.table.transition(record, S.ESCALATED, refusal.reason, incident=incident.id)

@@ -1,0 +1,401 @@
+"""One supervisor per live job: it owns the attempt and applies the policy's outcomes.
+
+A `JobSupervisor` starts attempts through the daemon's `Launcher`, follows
+their events (progress, stalls, the replay proof) or, for a plain program,
+its output and heartbeat (`daemon.heartbeat`), and when an attempt ends
+asks `policy.decide` what follows, then applies that `Outcome`: incidents are
+opened and concluded, the job's state moves through `JobTable.transition`,
+and a restart is a timer on the loop.  It runs on the daemon's one loop, and
+tells the daemon through ``on_settled`` when the job no longer needs a slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import functools
+import json
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from jobwarden import testfaults
+from jobwarden.daemon.incidents.records import Incident, IncidentLog
+from jobwarden.daemon.launch.base import ExitInfo, Launcher, LauncherError, RunningAttempt
+from jobwarden.daemon.stats import Stats
+from jobwarden.daemon.store import evidence
+from jobwarden.daemon.store.jobs import JobRecord, JobTable
+from jobwarden.daemon.store.layout import Root
+from jobwarden.daemon.supervise import adoption, diagnosis, outcomes, policy
+from jobwarden.daemon.supervise import stallevidence as stalled
+from jobwarden.daemon.supervise.attempt import Attempt, prepare
+from jobwarden.daemon.supervise.policy import IncidentKind, Outcome, StopReason
+from jobwarden.daemon.supervise.stall import Clock, StallPhase, StallWatch
+from jobwarden.daemon.supervise.verification import ReplayVerifier
+from jobwarden.events import Event, Malformed
+from jobwarden.files import UnsafePathError
+from jobwarden.proof.replay import ReplayPlan
+from jobwarden.states import JobState
+
+log = structlog.get_logger("wardend.supervisor")
+
+S = JobState
+K = IncidentKind
+Verifier = ReplayVerifier | None
+
+
+@dataclass
+class Services:
+    """What a supervisor uses of its daemon."""
+
+    root: Root
+    table: JobTable
+    incidents: IncidentLog
+    launcher: Launcher
+    stats: Stats
+    clock: Clock
+    compile_cache: Path
+    signing_key: Path | None
+    environment: dict[str, str]
+    spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
+    owner_of: Callable[[JobRecord], JobRecord | None]
+    on_settled: Callable[[JobSupervisor], None]
+
+
+class JobSupervisor:
+    """Runs one job's attempts, from its launch until it settles."""
+
+    def __init__(self, record: JobRecord, services: Services) -> None:
+        self.record = record
+        self.services = services
+        self.attempt: Attempt | None = None
+        self.closing = False
+        self._relaunch: asyncio.TimerHandle | None = None
+        self._following: asyncio.Task[None] | None = None
+        self.refusal: UnsafePathError | None = None
+        """A path the daemon must write for this job is unsafe: the job ends escalated."""
+        self.refused = False
+        self.streak = 0
+        """Restarts in a row without a healthy attempt (`policy.streak_of`), for the backoff."""
+
+    # ---- starting attempts
+
+    async def launch(self, verifier: ReplayVerifier | None = None) -> None:
+        """Start the next attempt (a recovery when ``verifier`` is given)."""
+        try:
+            await self._launch(verifier)
+        except UnsafePathError as error:
+            self.refuse_unsafe(error)
+
+    async def _launch(self, verifier: ReplayVerifier | None) -> None:
+        s, record = self.services, self.record
+        if self.closing:
+            return
+        owner = s.owner_of(record)
+        refusal = policy.admit(record, owner)
+        if refusal is not None and owner is not None:
+            self._refuse_duplicate(refusal, owner)
+            return
+        record.attempt += 1
+        number = record.attempt
+        # Durable before the worker exists: a restarted daemon never reuses this number, and
+        # finds the worker by its attempt folder (`Launcher.find_orphans`) if its pid is lost.
+        if record.state is S.QUEUED:
+            s.table.transition(record, S.STARTING, f"attempt {number} launched")
+        else:
+            s.table.save(record)
+        try:
+            spec = prepare(s.root, record, s.compile_cache, s.signing_key, s.environment)
+            running = await s.launcher.start(spec)
+        except (LauncherError, OSError) as error:
+            if isinstance(error, OSError) and error.errno == errno.ELOOP:  # O_NOFOLLOW, a link
+                raise UnsafePathError(str(error.filename), "is a symbolic link") from error
+            log.error("attempt.launch_failed", job=record.id, attempt=number, error=str(error))
+            self._settle_as(S.FAILED, f"attempt {number} could not be launched: {error}")
+            return
+        self._begin(number, running, verifier)
+
+    def _begin(self, number: int, running: RunningAttempt, verifier: Verifier) -> None:
+        s, record = self.services, self.record
+        stall = StallWatch(s.clock, lambda phase, gap: self._on_stall(attempt, phase, gap))
+        attempt = self.attempt = Attempt(record, number, running, stall, verifier)
+        testfaults.pause_if(testfaults.Fault.PAUSE_AFTER_LAUNCH, job=record.id, pid=running.pid)
+        record.pid, record.pid_started = running.pid, running.create_time()
+        record.attempt_started, sup = time.time(), record.job.supervision
+        s.table.save(record)
+        if record.job.emits_events:  # time in a batch queue is not startup time
+            running.when_started(lambda: attempt.stall.start(sup.startup_timeout_s))
+        else:
+            on_beat = functools.partial(self._guarded, self._on_beat, attempt, None)
+            running.when_started(lambda: outcomes.start_plain(s, record, attempt, on_beat))
+        log.info(
+            "attempt.started",
+            job=record.id,
+            attempt=number,
+            pid=running.pid,
+            launcher=s.launcher.name,
+            recovery=verifier is not None,
+        )
+        self._following = s.spawn(self._follow(attempt))
+
+    async def recover_after_restart(self, left_open: list[Incident]) -> None:
+        """The daemon restarted while this job was active: wait out every worker of the job
+        still alive (its pid, or found by its attempt folder), conclude the incidents left
+        open, then resume under a new ``daemon_restart`` incident; or re-adopt an attempt
+        its launcher can follow again (`adoption`)."""
+        try:
+            if adopted := await adoption.adopt(self.services, self.record, left_open):
+                self._begin(self.record.attempt, *adopted)
+                return
+            previous = await outcomes.wait_orphans(self.services, self.record)
+            verifier = outcomes.restarted(self.services, self.record, previous, left_open)
+        except UnsafePathError as error:
+            self.refuse_unsafe(error)
+            return
+        await self.launch(verifier)
+
+    async def _follow(self, attempt: Attempt) -> None:
+        info = await attempt.running.follow(
+            lambda e: self._guarded(self._on_event, attempt, e),
+            lambda m: self._guarded(self._on_malformed, attempt, m),
+        )
+        self._guarded(self._ended, attempt, info)
+
+    def _guarded(
+        self, handler: Callable[[Attempt, Any], None], attempt: Attempt, item: Any
+    ) -> None:
+        """Run one handler; a failure (a full disk under a record, say) is logged, never
+        allowed to end the following of the attempt."""
+        try:
+            handler(attempt, item)
+        except UnsafePathError as error:
+            self.refuse_unsafe(error)
+        except Exception as error:
+            log.error(
+                "supervisor.handler_failed",
+                job=self.record.id,
+                attempt=attempt.number,
+                handler=handler.__name__,
+                error=repr(error),
+                exc_info=error,
+            )
+
+    # ---- events
+
+    def _on_beat(self, attempt: Attempt, _: None) -> None:
+        """A plain program's heartbeat: forward motion, as progress is for the SDK's."""
+        record = self.record
+        attempt.beat(record.job.supervision.stall_timeout_s)
+        record.last_progress = time.time()
+        if record.state is S.STARTING:
+            self.services.table.transition(
+                record, S.RUNNING, f"attempt {attempt.number}: first heartbeat"
+            )
+
+    def _on_malformed(self, attempt: Attempt, line: Malformed) -> None:
+        if attempt.heartbeat is not None:  # a plain program's own output, not an event
+            attempt.heartbeat.line(line.line)
+            return
+        self.services.stats.malformed_event_lines += 1
+        log.warning(
+            "event.malformed",
+            job=self.record.id,
+            attempt=attempt.number,
+            line=line.lineno,
+            reason=line.reason,
+        )
+
+    def _on_event(self, attempt: Attempt, event: Event) -> None:
+        record, s = self.record, self.services
+        if attempt.heartbeat is not None:  # a plain program's line that looks like an event
+            attempt.heartbeat.line(json.dumps(event.fields))
+            return
+        sup = record.job.supervision
+        attempt.observe(event, sup.stall_timeout_s, sup.startup_timeout_s)
+        verifier, kind = attempt.verifier, event.kind
+        if kind in ("restored", "checkpoint"):
+            record.newest_checkpoint_step = event["step"]
+        if kind == "restored" and verifier is not None:
+            verifier.restored(event)
+            s.incidents.write(verifier.incident, "incident.recovery_point")
+        elif kind == "ready":
+            if record.state is S.STARTING:
+                s.table.transition(record, S.RUNNING, f"attempt {attempt.number} ready")
+            if verifier is not None:
+                verifier.incident.action = diagnosis.recovery_action(attempt, verifier, event)
+                outcomes.replay(s, record, attempt, lambda: verifier.ready(event))
+        elif kind == "progress":
+            record.step, record.last_progress = event["step"], time.time()
+            if verifier is not None:
+                outcomes.replay(s, record, attempt, lambda: verifier.progress(event))
+        elif kind == "checkpoint":
+            s.stats.checkpoints += 1
+            s.stats.checkpoint_bytes += event["bytes"]
+            s.stats.checkpoint_seconds += event["seconds"]
+
+    # ---- stalls, limits and stops
+
+    def _on_stall(self, attempt: Attempt, phase: StallPhase, gap: float) -> None:
+        if not attempt.stopping(StopReason.STALL):
+            return
+        self.services.stats.stalls_detected += 1
+        self.services.spawn(self._handle_stall(attempt, phase, gap))
+
+    async def _handle_stall(self, attempt: Attempt, phase: StallPhase, gap: float) -> None:
+        sup, record = self.record.job.supervision, self.record
+        startup = phase is StallPhase.STARTUP
+        timeout = sup.startup_timeout_s if startup else attempt.stall.timeout_s
+        try:
+            attempt.stall_evidence = await stalled.stall_evidence(attempt, phase, gap, timeout)
+            attempt.stall_evidence.update(attempt.running.members_view())
+            if record.state in (S.RUNNING, S.STARTING, S.RECOVERING):
+                self.services.table.transition(
+                    record,
+                    S.STALLED,
+                    f"no {diagnosis.awaited(attempt, phase)} for {gap:.2f} s "
+                    f"(timeout {timeout:g} s)",
+                    gap_s=round(gap, 4),
+                )
+        finally:
+            await attempt.running.stop(stalled.STALL_KILL_GRACE_S)
+
+    def sample(self) -> None:
+        """Sample the live attempt's resources; stop it when over its memory limit."""
+        attempt = self.attempt
+        if attempt is None:
+            return
+        sample = attempt.running.sample()
+        self.record.sample = sample
+        limit = self.record.job.supervision.max_rss_mb
+        if policy.over_memory_limit(sample.get("rss_mb"), limit) and attempt.stopping(
+            StopReason.RSS
+        ):
+            log.warning(
+                "attempt.rss_limit", job=self.record.id, rss_mb=sample["rss_mb"], limit_mb=limit
+            )
+            grace = self.record.job.supervision.stop_grace_s
+            self.services.spawn(attempt.running.stop(grace))
+
+    def stop(self) -> dict[str, Any] | None:
+        """An operator's stop: the worker commits and exits; None when nothing runs."""
+        record, attempt = self.record, self.attempt
+        if attempt is not None:
+            attempt.stopping(StopReason.OPERATOR)
+            grace = record.job.supervision.stop_grace_s
+            self.services.spawn(attempt.running.stop(grace))
+            return {
+                "job": record.id,
+                "stopping": True,
+                "pid": attempt.running.pid,
+                "grace_s": grace,
+            }
+        if self._relaunch is not None:
+            self._relaunch.cancel()
+            self._relaunch = None
+            self.apply(policy.Preempted("stopped by operator during restart backoff"))
+            return {"job": record.id, "stopping": False, "state": record.state.value}
+        return None
+
+    async def shutdown(self) -> None:
+        """The daemon stops: preempt the live attempt (it commits), keep a pending restart
+        for the next start, and return once the attempt's end is handled."""
+        self.closing = True
+        if self._relaunch is not None:
+            self._relaunch.cancel()
+            self._relaunch = None
+        attempt = self.attempt
+        if attempt is not None:
+            attempt.stopping(StopReason.SHUTDOWN)
+            await attempt.running.stop(self.record.job.supervision.stop_grace_s)
+        if self._following is not None:
+            await asyncio.shield(self._following)
+
+    # ---- ends
+
+    def _ended(self, attempt: Attempt, info: ExitInfo) -> None:
+        record = self.record
+        attempt.stall.cancel()
+        if attempt.heartbeat is not None:
+            attempt.heartbeat.cancel()
+        self.attempt = None
+        record.pid = None
+        exit_record = {**info.as_record(), "stopped_by": attempt.stop_reason, "ended": time.time()}
+        if self.refusal is not None:
+            exit_record["stopped_by"] = f"unsafe path {self.refusal.path}"
+        evidence.keep(attempt.folder / "exit.json", json.dumps(exit_record, indent=2) + "\n")
+        log.info(
+            "attempt.exited",
+            job=record.id,
+            attempt=attempt.number,
+            status=info.status,
+            signal=info.signal,
+            stopped_by=attempt.stop_reason,
+        )
+        if self.refusal is not None:
+            self.refuse_unsafe(self.refusal)
+            return
+        self.apply(policy.decide(record, attempt.report(), info, self.streak), attempt, info)
+
+    def apply(
+        self, outcome: Outcome, attempt: Attempt | None = None, info: ExitInfo | None = None
+    ) -> None:
+        """Carry out ``outcome``: incidents, the transition, and any restart."""
+        s, record = self.services, self.record
+        match outcome:
+            case policy.Completed():
+                if attempt is not None and attempt.verifier is not None:
+                    outcomes.replay(s, record, attempt, attempt.verifier.settle)
+                outcomes.complete(s, record, outcome, attempt)
+            case policy.Preempted():
+                outcomes.preempt(s, record, outcome, info)
+            case policy.Escalate(kind=K.REPLAY_MISMATCH) if attempt and attempt.verifier:
+                outcomes.escalate_mismatch(s, record, outcome, attempt.verifier.incident)
+            case policy.Restart() if attempt and info:
+                self.streak = outcome.streak
+                incident = outcomes.failure(s, record, outcome, attempt, info)
+                plan = ReplayPlan.from_events(attempt.number, attempt.folder / "events.jsonl")
+                self._restart_later(ReplayVerifier(plan, incident), outcome.delay_s)
+                return
+            case policy.Escalate() | policy.Fail() if attempt and info:
+                outcomes.failure(s, record, outcome, attempt, info)
+            case _:
+                raise policy.UnappliableOutcome(record.id, outcome)
+        s.on_settled(self)
+
+    def _restart_later(self, verifier: ReplayVerifier, delay_s: float) -> None:
+        if self.closing:
+            return  # the job stays recovering; the next daemon start resumes it
+
+        def launch() -> None:
+            self._relaunch = None
+            self.services.spawn(self.launch(verifier))
+
+        self._relaunch = asyncio.get_running_loop().call_later(delay_s, launch)
+
+    def _settle_as(self, state: JobState, reason: str) -> None:
+        self.services.table.transition(self.record, state, reason)
+        self.services.on_settled(self)
+
+    def refuse_unsafe(self, error: UnsafePathError) -> None:
+        """A path the daemon writes for this job is a link or not its own: stop the live
+        attempt (it commits), then escalate the job ``unsafe_path`` naming the path, once."""
+        self.refusal = self.refusal or error
+        if self._relaunch is not None:
+            self._relaunch.cancel()
+            self._relaunch = None
+        if self.attempt is not None:
+            self.attempt.stall.cancel()
+            grace = self.record.job.supervision.stop_grace_s
+            self.services.spawn(self.attempt.running.stop(grace))
+        elif not self.refused:
+            self.refused = True
+            outcomes.unsafe_path(self.services, self.record, self.refusal)
+            self.services.on_settled(self)
+
+    def _refuse_duplicate(self, refusal: policy.Escalate, owner: JobRecord) -> None:
+        outcomes.refuse_duplicate(self.services, self.record, refusal, owner)
+        self.services.on_settled(self)

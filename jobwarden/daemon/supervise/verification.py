@@ -1,0 +1,125 @@
+"""Proving a recovery as it happens, from the resumed attempt's own events.
+
+The `ReplayPlan` holds what the failed attempt logged; a `ReplayVerifier`
+follows one resumed attempt (restored, ready, progress), writes the proof into
+the recovery's incident (the recovery point, the boundary check, every
+replayed update) and returns a `Verdict`.  It does no I/O and never acts on the
+attempt: its job's supervisor persists the incident and decides what a
+verdict means.
+"""
+
+from __future__ import annotations
+
+from jobwarden.daemon.incidents.records import Incident
+from jobwarden.events import Event
+from jobwarden.proof.replay import ReplayPlan, Verdict
+
+V = Verdict
+NO_SDK = "unverified: the program uses no SDK and logged no state"
+"""The verification of every recovery of a plain program."""
+
+
+class ReplayVerifier:
+    """Compares one recovering attempt with the failed attempt's log."""
+
+    def __init__(self, plan: ReplayPlan, incident: Incident) -> None:
+        self.plan = plan
+        self.incident = incident
+        self.verdict = V.PENDING
+        self.time_lost_s: float | None = None
+
+    def restored(self, event: Event) -> None:
+        """The recovery point: which file, which checks it passed, what was passed over."""
+        self.plan.restored_step = event["step"]
+        incident = self.incident
+        incident.recovery_point = {
+            "step": event["step"],
+            "file": event["file"],
+            "checks": event["checks"],
+            "checksum": event.get("checksum"),
+            "state_hash": event["state_hash"],
+            "writer_generation": event.get("writer_generation"),
+            "skipped": event["skipped"],
+        }
+        for skipped in event["skipped"]:
+            incident.evidence[f"quarantined {skipped['file']}"] = skipped["quarantined_to"]
+
+    def ready(self, event: Event) -> Verdict:
+        """The resumed state against the failed attempt's logged state at that step."""
+        plan = self.plan
+        if plan.restored_step is None:
+            plan.restored_step = event["step"]
+            if event["step"] == 0:
+                self.incident.recovery_point = {"fresh": True, "step": 0}
+        self.incident.replayed_steps = plan.to_verify()
+        return self._observe(event["step"], event["state_hash"], "restored state")
+
+    def progress(self, event: Event) -> Verdict:
+        """One resumed update: compare it with the log; settle when the log is exhausted."""
+        if self.verdict in (V.VERIFIED, V.UNVERIFIED):
+            self._time_lost(event)
+        if self.verdict is not V.PENDING:
+            return self.verdict
+        return self._observe(event["step"], event.get("state_hash"), "update")
+
+    def unverifiable(self) -> Verdict:
+        """A plain program's recovery: nothing was logged, so nothing is awaited or compared."""
+        self.verdict = V.UNVERIFIED
+        self.incident.verification = {"verdict": V.UNVERIFIED.value, "checks": [], "text": NO_SDK}
+        return self.verdict
+
+    def settle(self) -> Verdict:
+        """Conclude with what has been compared so far (the attempt completed first)."""
+        if self.verdict is V.PENDING:
+            self._conclude(self.plan.verdict())
+        return self.verdict
+
+    def _observe(self, step: int, state_hash: str | None, what: str) -> Verdict:
+        if not self.plan.observe(step, state_hash, what):
+            self._conclude(V.MISMATCH)
+        elif self.plan.done(step):
+            self._conclude(self.plan.verdict())
+        return self.verdict
+
+    def _conclude(self, verdict: Verdict) -> None:
+        plan, incident = self.plan, self.incident
+        self.verdict = verdict
+        if verdict is V.MISMATCH and plan.mismatch is not None:
+            bad = plan.mismatch
+            text = (
+                f"MISMATCH at step {bad['step']} ({bad['what']}): the failed attempt logged "
+                f"`{bad['logged']}`, the resumed attempt produced `{bad['found']}`. The "
+                "resumed run is a different experiment."
+            )
+            incident.prevention.append(
+                "Find why the replay differs before resuming: a changed runtime, "
+                "nondeterministic kernels, or state the checkpoint does not hold."
+            )
+        elif verdict is V.VERIFIED:
+            replayed = [c["step"] for c in plan.checks if c["what"] == "update"]
+            text = (
+                f"verified: all {len(plan.checks)} logged state(s) reproduced exactly "
+                f"(restored state and updates {', '.join(map(str, replayed)) or 'none'})."
+            )
+        else:
+            text = (
+                "unverified: the failed attempt logged no state at or after the recovery "
+                "point, so there was nothing to compare; the restored checkpoint passed "
+                "every validation check."
+            )
+        incident.verification = {"verdict": verdict.value, "checks": plan.checks, "text": text}
+
+    def _time_lost(self, event: Event) -> None:
+        """The first new update past the failure: record the time the failure cost."""
+        if self.time_lost_s is not None or self.plan.last_progress_time is None:
+            return
+        if event["step"] <= self.incident.boundary.get("last_logged_step", 0):
+            return
+        lost_since = self.incident.details.get("last_progress_time") or self.incident.opened
+        self.time_lost_s = max(0.0, event["time"] - lost_since)
+        self.incident.time_lost_s = self.time_lost_s
+
+    @property
+    def mismatch_step(self) -> int | None:
+        """The step whose replayed state differed, if one did."""
+        return self.plan.mismatch["step"] if self.plan.mismatch else None

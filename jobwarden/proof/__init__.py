@@ -1,0 +1,1 @@
+"""What proves a recovery: replay plans, checkpoint verification and inspection."""
