@@ -1,4 +1,4 @@
-"""What bit-exact replay on CPU needs, pinned before JAX starts, and the runtime's identity.
+"""What bit-exact replay on CPU needs, pinned before JAX starts; the runtime's identity; exit.
 
 XLA's CPU backend can return different bits for the same compiled module when
 it runs intra-op work on several threads (jax-ml/jax#39741), so the worker
@@ -8,6 +8,7 @@ identity written into every checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import stat
@@ -133,3 +134,15 @@ def enable_compilation_cache(path: Path) -> None:
     }
     for name, value in settings.items():
         jax.config.update(name, value)  # type: ignore[no-untyped-call]
+
+
+def exit_now(status: int) -> None:
+    """Flush and leave at once, skipping interpreter and JAX teardown.
+
+    Everything that matters is already durable (checkpoints are fsynced, events
+    flushed); the teardown only delays the supervisor's recovery by about 0.2 s.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # the reader may be gone
+            stream.flush()
+    os._exit(status)

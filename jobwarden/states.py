@@ -46,6 +46,8 @@ TERMINAL = frozenset({S.COMPLETED, S.CANCELLED})
 NEEDS_ATTENTION = frozenset({S.FAILED, S.ESCALATED})
 # Where a job rests: the daemon will do nothing more for it on its own.
 SETTLED = TERMINAL | NEEDS_ATTENTION
+RESUMABLE = frozenset({S.PREEMPTED, *NEEDS_ATTENTION})
+"""What an operator may queue again (``resume``, ``restart`` of a resting job)."""
 
 
 class IllegalTransition(JobwardenError):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from jobwarden.daemon.launch import base as launcher
+from jobwarden.daemon.launch import registry as launcher
 from jobwarden.daemon.launch.local import LocalLauncher
 from jobwarden.errors import JobwardenError
 from tests.daemon import Daemon, linreg_job

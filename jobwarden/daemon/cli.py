@@ -5,17 +5,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from jobwarden.checkpoint.signing import load_key
-from jobwarden.daemon.api import lifecycle
-from jobwarden.daemon.launch import base as launcher
-from jobwarden.daemon.launch.local import LocalLauncher
+from jobwarden.daemon.config import (
+    LaunchSettings,
+    MetricsSettings,
+    NotifySettings,
+    Options,
+    SlurmOptions,
+)
+from jobwarden.daemon.launch import registry
+from jobwarden.daemon.launch.base import LauncherError
 from jobwarden.daemon.observe import exporter, hooks
 from jobwarden.daemon.store import logs
 from jobwarden.daemon.store.layout import Root
-from jobwarden.daemon.wardend import Options, Wardend
+from jobwarden.daemon.wardend import Wardend
 from jobwarden.errors import JobwardenError
 
 
@@ -72,16 +80,24 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--launcher",
-        default=default.launcher,
+        default=default.launch.name,
         help="how attempts are started: a name from the jobwarden.launchers entry points, "
         "or module:attribute",
     )
     for name, what in (
         ("partition", "the partition of every attempt (a job's [slurm] partition wins)"),
         ("account", "the account every attempt is charged to"),
+        ("time", "the time limit of every attempt, as sbatch --time takes it (a job's wins)"),
         ("extra", "more sbatch options for every attempt, split as a shell splits them"),
     ):
         ap.add_argument(f"--slurm-{name}", help=f"with --launcher slurm: {what}")
+    ap.add_argument(
+        "--slurm-signal-lead",
+        type=int,
+        default=default.launch.slurm.signal_lead_s,
+        metavar="SECONDS",
+        help="with --launcher slurm: how long before the time limit Slurm sends SIGTERM",
+    )
     ap.add_argument(
         "--signing-key",
         type=Path,
@@ -144,16 +160,19 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, take the root lock, run the loop."""
     args = parser().parse_args(argv)
+    if (refused := retired_environment(os.environ)) is not None:
+        sys.stderr.write(f"wardend: {refused}\n")
+        return 2
     try:
-        for name in ("partition", "account", "extra"):  # read by the Slurm launcher
-            if (value := getattr(args, f"slurm_{name}")) is not None:
-                os.environ[f"JOBWARDEN_SLURM_{name.upper()}"] = value
-        chosen = launcher.load(args.launcher)
-        if args.no_warm_spare and isinstance(chosen, LocalLauncher):
-            chosen.spares = None
+        launch = LaunchSettings(
+            name=args.launcher,
+            warm_spares=not args.no_warm_spare,
+            slurm=slurm_options(args),
+        )
+        chosen = registry.load(args.launcher, launch)
         if args.signing_key is not None:
             load_key(args.signing_key.absolute())
-        notify = hooks.Settings(
+        notify = NotifySettings(
             exec=hooks.check_program(args.notify_exec) if args.notify_exec else None,
             webhook=hooks.check_webhook(args.notify_webhook) if args.notify_webhook else None,
             timeout_s=args.notify_timeout,
@@ -188,23 +207,62 @@ def main(argv: list[str] | None = None) -> int:
         sample_interval_s=args.sample_interval,
         compile_cache=args.compile_cache.absolute() if args.compile_cache else None,
         control_timeout_s=args.control_timeout,
-        launcher=args.launcher,
+        launch=launch,
         signing_key=args.signing_key.absolute() if args.signing_key else None,
         notify=notify,
-        metrics=exporter.Settings(
+        metrics=MetricsSettings(
             args.metrics_listen,
             args.metrics_textfile.absolute() if args.metrics_textfile else None,
         ),
+        keep_finished=args.keep_finished,
+        keep_finished_days=days,
     )
     try:
         daemon = Wardend(root, options, chosen)
-        return asyncio.run(lifecycle.serve(daemon, args.keep_finished, days))
+        return asyncio.run(daemon.run())
     except exporter.MetricsListenError as error:
         sys.stderr.write(f"wardend: {error.message}\n")
         return error.exit_status
     finally:
         stream.close()
         os.close(lock)
+
+
+RETIRED_PREFIX = "JOBWARDEN_SLURM_"
+"""Variables an earlier wardend read for the Slurm launcher; the ``--slurm-*`` options now."""
+
+
+def retired_environment(env: Mapping[str, str]) -> str | None:
+    """Why wardend refuses to start when a retired ``JOBWARDEN_SLURM_*`` variable is set
+    (it would be ignored silently otherwise), or None."""
+    found = sorted(name for name in env if name.startswith(RETIRED_PREFIX))
+    if not found:
+        return None
+    flags = {"TIME": "time", "SIGNAL_S": "signal-lead"}
+    named = []
+    for name in found:
+        setting = name.removeprefix(RETIRED_PREFIX)
+        named.append(f"{name} (use --slurm-{flags.get(setting, setting.lower())})")
+    named_text = ", ".join(named)
+    return f"launcher settings are options now, not environment variables: unset {named_text}"
+
+
+def slurm_options(args: argparse.Namespace) -> SlurmOptions:
+    """The ``--slurm-*`` options as typed settings; raises `LauncherError` on a bad one."""
+    try:
+        extra = tuple(shlex.split(args.slurm_extra or ""))
+    except ValueError as error:
+        raise LauncherError(f"--slurm-extra {args.slurm_extra!r}: {error}") from error
+    if args.slurm_signal_lead < 0:
+        lead = args.slurm_signal_lead
+        raise LauncherError(f"--slurm-signal-lead must be 0 or more, not {lead}")
+    return SlurmOptions(
+        partition=args.slurm_partition or None,
+        account=args.slurm_account or None,
+        time_limit=args.slurm_time or None,
+        signal_lead_s=args.slurm_signal_lead,
+        extra=extra,
+    )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ import signal
 import time
 from collections import deque
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +22,22 @@ import structlog
 
 from jobwarden import __version__, testfaults
 from jobwarden.daemon.api import commands
+from jobwarden.daemon.api.lifecycle import Lifecycle
 from jobwarden.daemon.api.server import ControlServer
+from jobwarden.daemon.background import Background
+from jobwarden.daemon.config import Options
 from jobwarden.daemon.incidents.records import IncidentLog
 from jobwarden.daemon.intake import spool
 from jobwarden.daemon.intake.queue import Intake, Taken
+from jobwarden.daemon.launch import registry
 from jobwarden.daemon.launch.base import Launcher
-from jobwarden.daemon.launch.local import LocalLauncher
-from jobwarden.daemon.observe import exporter, hooks, notify
+from jobwarden.daemon.observe import exporter, hooks, metrics, notify
 from jobwarden.daemon.stats import Stats
 from jobwarden.daemon.store import rootcheck
 from jobwarden.daemon.store.jobs import JobRecord, JobTable
 from jobwarden.daemon.store.layout import Root
-from jobwarden.daemon.supervise.supervisor import JobSupervisor, Services
+from jobwarden.daemon.supervise.services import Services, Supervising
+from jobwarden.daemon.supervise.supervisor import JobSupervisor
 from jobwarden.jobfile import Job
 from jobwarden.states import ACTIVE, JobState
 
@@ -44,23 +47,6 @@ S = JobState
 BLOCK_S = 2.0
 
 
-@dataclass
-class Options:
-    """Daemon settings from the command line."""
-
-    max_concurrent: int = max(1, os.cpu_count() or 1)
-    socket: Path | None = None
-    group: str | None = None
-    rescan_interval_s: float = 5.0
-    sample_interval_s: float = 1.0
-    compile_cache: Path | None = None
-    control_timeout_s: float = 5.0
-    launcher: str = "local"
-    signing_key: Path | None = None
-    notify: hooks.Settings = field(default_factory=hooks.Settings)
-    metrics: exporter.Settings = field(default_factory=exporter.Settings)
-
-
 class Wardend:
     """The supervisor daemon of one root."""
 
@@ -68,6 +54,7 @@ class Wardend:
     intake_queue: Intake
 
     def __init__(self, root: Root, options: Options, launcher: Launcher | None = None) -> None:
+        """``launcher``: one made already; else the one ``options.launch`` names."""
         self.root = root
         self.options = options
         self.table = JobTable(root)
@@ -76,18 +63,21 @@ class Wardend:
         self.stats = Stats()
         self.queue: deque[str] = deque()
         self.supervisors: dict[str, JobSupervisor] = {}
-        self.launcher = launcher or LocalLauncher()
+        self.launcher = launcher or registry.load(options.launch.name, options.launch)
         self.stopping = asyncio.Event()
         self.shutting_down = False
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.background = Background("wardend")
         self.started = time.time()
         self.notifier = notify.Notifier()
         self.hooks = hooks.Notifications.attach(options.notify, root, self.table, self.incidents)
-        self.exporter = exporter.Exporter(self, options.metrics, options.sample_interval_s)
+        self.exporter = exporter.Exporter(
+            lambda: metrics.render(self), options.metrics, options.sample_interval_s
+        )
+        self.lifecycle = Lifecycle(self, options.keep_finished, options.keep_finished_days)
         self.last_status = ""
         self.server = ControlServer(
             options.socket or root.socket,
-            commands.handlers(self),
+            commands.handlers(self, self.lifecycle),
             options.group,
             options.control_timeout_s,
         )
@@ -120,6 +110,8 @@ class Wardend:
             on_settled=self._settled,
         )
         self._resume_from_disk()
+        if self.lifecycle.retains:  # its first turn comes now that the table is loaded
+            self._spawn(self.lifecycle.keep())
 
         def admit(taken: Job | spool.Rejection) -> None:  # on the loop, once it is durable
             if isinstance(taken, spool.Rejection):
@@ -165,17 +157,7 @@ class Wardend:
         return 0
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self.tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error(
-                "wardend.task_failed", error=repr(task.exception()), exc_info=task.exception()
-            )
+        return self.background.spawn(coro)
 
     async def _every(self, interval: float, action: Any) -> None:
         while not self.shutting_down:
@@ -194,11 +176,7 @@ class Wardend:
         self.notifier.stopping(f"stopping; preempting {len(live)} worker(s)")
         log.info("wardend.stopping", live=live)
         await asyncio.gather(*(s.shutdown() for s in list(self.supervisors.values())))
-        current = asyncio.current_task()
-        for task in list(self.tasks):
-            if task is not current:
-                task.cancel()
-        await asyncio.gather(*(t for t in self.tasks if t is not current), return_exceptions=True)
+        await self.background.cancel_and_wait()
 
     # ---- intake and scheduling
 
@@ -229,7 +207,7 @@ class Wardend:
         self.supervisors[record.id] = supervisor
         return supervisor
 
-    def _settled(self, supervisor: JobSupervisor) -> None:
+    def _settled(self, supervisor: Supervising) -> None:
         """A supervisor's job needs no slot any more: free it and start the next job."""
         if self.supervisors.get(supervisor.record.id) is supervisor:
             del self.supervisors[supervisor.record.id]

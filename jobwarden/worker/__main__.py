@@ -12,7 +12,6 @@ the job's task driven by an SDK run (`jobwarden.sdk`), the product's one step lo
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from jobwarden import testfaults
 from jobwarden.errors import JobwardenError
 from jobwarden.events import Emitter
 from jobwarden.jobfile import load_job
-from jobwarden.runtime import pin_environment
+from jobwarden.runtime import exit_now, pin_environment
 from jobwarden.testfaults import Fault
 
 CACHE_ENV = "JOBWARDEN_COMPILE_CACHE"
@@ -64,18 +63,6 @@ def main(argv: list[str] | None = None) -> int:
 
     cache = Path(args.compile_cache) if args.compile_cache else None
     return run_job(job, args.checkpoint_dir.absolute(), cache, args.signing_key)
-
-
-def exit_now(status: int) -> None:
-    """Flush and leave at once, skipping interpreter and JAX teardown.
-
-    Everything that matters is already durable (checkpoints are fsynced, events
-    flushed); the teardown only delays the supervisor's recovery by about 0.2 s.
-    """
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # the reader may be gone
-            stream.flush()
-    os._exit(status)
 
 
 if __name__ == "__main__":

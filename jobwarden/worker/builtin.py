@@ -20,7 +20,7 @@ from jobwarden.hashing import leaves_digest
 from jobwarden.jobfile import Job
 
 if TYPE_CHECKING:
-    from jobwarden.worker.spare import Warm
+    from jobwarden.worker.warm import Warm
 
 
 def source_files(job: Job) -> list[Path]:

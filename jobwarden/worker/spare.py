@@ -27,52 +27,16 @@ import queue
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from jobwarden import tasks
-from jobwarden.jobfile import Job, load_job
-from jobwarden.runtime import enable_compilation_cache, pin_environment
-from jobwarden.worker.__main__ import exit_now
+from jobwarden.jobfile import load_job
+from jobwarden.runtime import exit_now
+from jobwarden.worker.warm import prepare
 
 READY = {"spare": "ready"}
 """The line a prepared spare writes on stdout, before any event."""
-
-
-@dataclass(frozen=True)
-class Warm:
-    """What a spare prepared for one task and training configuration."""
-
-    task: str
-    train: dict[str, Any]
-    data: Any
-    step: Any
-    """The update, jitted and compiled on the initial state's shapes."""
-
-    def fits(self, job: Job) -> bool:
-        """Whether ``job`` trains what this was prepared for (else it starts cold)."""
-        return job.task == self.task and job.train_fields() == self.train
-
-
-def prepare(job: Job, compile_cache: Path | None) -> Warm:
-    """Import JAX, build the data and compile the update on the initial state."""
-    pin_environment()
-    import jax
-
-    if compile_cache is not None:
-        enable_compilation_cache(compile_cache)
-    from jobwarden import statetree as state_tree
-    from jobwarden.worker import builtin as program  # noqa: F401 - the SDK's modules, imported ahead
-
-    task = job.task_instance()
-    data = task.data()
-    step = jax.jit(task.update(data))
-    # The restore path's conversions and the update on restored leaves, compiled ahead.
-    initial = task.init_state(data)
-    like_restored = state_tree.unflatten_like(initial, dict(state_tree.flatten(initial)))
-    jax.block_until_ready(step(like_restored))  # type: ignore[no-untyped-call]
-    return Warm(job.task or "", job.train_fields(), data, step)
 
 
 def read_handoff(lines: queue.Queue[str]) -> None:

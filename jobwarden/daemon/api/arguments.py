@@ -12,10 +12,10 @@ from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.protocol import MAX_INT, ControlError, is_int
 
 if TYPE_CHECKING:
-    from jobwarden.daemon.wardend import Wardend
+    from jobwarden.daemon.view import View
 
 
-def job_record(daemon: Wardend, args: dict[str, Any]) -> JobRecord:
+def job_record(daemon: View, args: dict[str, Any]) -> JobRecord:
     """The record named by ``args["job"]``; raises control.no_such_job."""
     job_id = args.get("job")
     record = daemon.table.get(job_id) if isinstance(job_id, str) else None
@@ -35,7 +35,7 @@ def int_arg(args: dict[str, Any], name: str, default: int, low: int, high: int =
     return int(value)
 
 
-def stop(daemon: Wardend, args: dict[str, Any]) -> Any:
+def stop(daemon: View, args: dict[str, Any]) -> Any:
     """stop job: preempt it; its worker commits its current step, and it waits for resume."""
     record = job_record(daemon, args)
     answer = daemon.stop_job(record)

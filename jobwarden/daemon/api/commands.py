@@ -9,7 +9,6 @@ bounds before use (a bool is not an integer here, whatever Python says).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 from pathlib import Path
@@ -18,31 +17,29 @@ from typing import TYPE_CHECKING, Any
 from jobwarden import __version__
 from jobwarden.checkpoint.signing import load_key
 from jobwarden.checkpoint.store import directory_verdicts
-from jobwarden.daemon.api import status
+from jobwarden.daemon.api import examine, status, tailing
 from jobwarden.daemon.api.arguments import int_arg, job_record
+from jobwarden.daemon.api.lifecycle import Lifecycle
+from jobwarden.daemon.background import off_loop
 from jobwarden.daemon.intake.spool import Rejection, name_problems
 from jobwarden.daemon.observe import metrics
 from jobwarden.daemon.supervise.attempt import output_entry, stdout_name
 from jobwarden.decoding import loads_json
 from jobwarden.jobfile import NAME_PATTERN
 from jobwarden.protocol import PROTOCOL_VERSION, ControlError
-from jobwarden.states import NEEDS_ATTENTION, JobState
+from jobwarden.states import RESUMABLE
 
 if TYPE_CHECKING:
-    from jobwarden.daemon.wardend import Wardend
+    from jobwarden.daemon.view import View
 
 Handler = Any
-RESUMABLE = frozenset({JobState.PREEMPTED, *NEEDS_ATTENTION})
 EVENTS_PER_REQUEST = 2000
 MAX_SUBMIT_NAME_BYTES = 128
 INCIDENT_PATTERN = re.compile(rf"({NAME_PATTERN.pattern})-([0-9]{{1,9}})")
 
 
-def handlers(daemon: Wardend) -> dict[str, Handler]:
-    """Every command, bound to ``daemon``."""
-    # Imported here: they use this module's argument helpers.
-    from jobwarden.daemon.api import examine, lifecycle, tailing
-
+def handlers(daemon: View, lifecycle: Lifecycle) -> dict[str, Handler]:
+    """Every command, bound to ``daemon`` (``lifecycle``: its stops, cancels and retention)."""
     rows = status.StatusRows()
     return {
         "status": lambda args: status.status(daemon, args, rows),
@@ -55,13 +52,13 @@ def handlers(daemon: Wardend) -> dict[str, Handler]:
         "metrics": lambda args: {"text": metrics.render(daemon)},
         "version": lambda args: version(daemon),
         "shutdown": lambda args: shutdown(daemon),
-        **lifecycle.of(daemon).handlers(),  # stop (one job, several, or all), cancel, remove...
+        **lifecycle.handlers(),  # stop (one job, several, or all), cancel, remove...
         **tailing.handlers(daemon),
         **examine.handlers(daemon),
     }
 
 
-def resume(daemon: Wardend, args: dict[str, Any]) -> Any:
+def resume(daemon: View, args: dict[str, Any]) -> Any:
     """resume job: queue a preempted, failed or escalated job again."""
     record = job_record(daemon, args)
     if record.state not in RESUMABLE:
@@ -73,14 +70,14 @@ def resume(daemon: Wardend, args: dict[str, Any]) -> Any:
     return daemon.resume_job(record)
 
 
-def incidents(daemon: Wardend, args: dict[str, Any]) -> Any:
+def incidents(daemon: View, args: dict[str, Any]) -> Any:
     """incidents [job]: every incident's latest record."""
     if args.get("job") is not None:
         return daemon.incidents.load(job_record(daemon, args).id)
     return [i for r in daemon.table for i in daemon.incidents.load(r.id)]
 
 
-def runbook(daemon: Wardend, args: dict[str, Any]) -> Any:
+def runbook(daemon: View, args: dict[str, Any]) -> Any:
     """runbook incident: the rendered runbook and its path."""
     name = args.get("incident")
     match = INCIDENT_PATTERN.fullmatch(name) if isinstance(name, str) else None
@@ -91,7 +88,7 @@ def runbook(daemon: Wardend, args: dict[str, Any]) -> Any:
     return {"incident": name, "path": str(path), "text": path.read_text()}
 
 
-def events(daemon: Wardend, args: dict[str, Any]) -> Any:
+def events(daemon: View, args: dict[str, Any]) -> Any:
     """events job [attempt offset]: event lines from a cursor on, and the next cursor."""
     record = job_record(daemon, args)
     attempt = int_arg(args, "attempt", 1, 1)
@@ -138,13 +135,12 @@ def _read_from(path: Path, offset: int) -> bytes:
         return b""
 
 
-def checkpoints(daemon: Wardend, args: dict[str, Any]) -> Any:
+def checkpoints(daemon: View, args: dict[str, Any]) -> Any:
     """checkpoints job: every file of the job's checkpoint directory with its verdict."""
     record = job_record(daemon, args)
     directory = daemon.root.checkpoints / record.checkpoint
-    loop = asyncio.get_running_loop()
     key = load_key(daemon.options.signing_key) if daemon.options.signing_key else None
-    return loop.run_in_executor(None, directory_verdicts, directory, record.job, key)
+    return off_loop(directory_verdicts, directory, record.job, key)
 
 
 def submit_problems(name: Any, content: Any) -> list[str]:
@@ -164,7 +160,7 @@ def submit_problems(name: Any, content: Any) -> list[str]:
     return problems
 
 
-async def submit(daemon: Wardend, args: dict[str, Any]) -> Any:
+async def submit(daemon: View, args: dict[str, Any]) -> Any:
     """submit name content: the daemon drops the file into its own spool and takes it in.
 
     Members of the control group cannot write the daemon's private state
@@ -191,7 +187,7 @@ async def submit(daemon: Wardend, args: dict[str, Any]) -> Any:
     return {"accepted": True, "job": taken.id, "state": record.state.value if record else "queued"}
 
 
-def version(daemon: Wardend) -> Any:
+def version(daemon: View) -> Any:
     """version: the daemon's version, pid, protocol and where its spool is."""
     return {
         "wardend": __version__,
@@ -206,7 +202,7 @@ def version(daemon: Wardend) -> Any:
     }
 
 
-def shutdown(daemon: Wardend) -> Any:
+def shutdown(daemon: View) -> Any:
     """shutdown: preempt every worker and exit, as on SIGTERM."""
     daemon.stopping.set()
     return {"stopping": True, "live": sorted(r.id for r in daemon.table if daemon.is_live(r.id))}

@@ -9,16 +9,16 @@ whole; a long run's events are many), and answer what the file forms of
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobwarden.checkpoint.store import NAME, file_name
 from jobwarden.daemon.api.arguments import int_arg, job_record
+from jobwarden.daemon.background import off_loop
 from jobwarden.protocol import ControlError
 
 if TYPE_CHECKING:
-    from jobwarden.daemon.wardend import Wardend
+    from jobwarden.daemon.view import View
 
 
 def checkpoint_file(directory: Path, step: int | None) -> Path:
@@ -54,7 +54,7 @@ def verify_jobs(candidate: Path, reference: Path) -> dict[str, Any]:
     return {**report.as_record(), "text": verify.render(report)}
 
 
-async def inspect_job(daemon: Wardend, args: dict[str, Any]) -> Any:
+async def inspect_job(daemon: View, args: dict[str, Any]) -> Any:
     """inspect job [step values]: a checkpoint of the job, described and judged."""
     record = job_record(daemon, args)
     step = None if args.get("step") is None else int_arg(args, "step", 0, 0)
@@ -62,21 +62,17 @@ async def inspect_job(daemon: Wardend, args: dict[str, Any]) -> Any:
     if not isinstance(values, bool):
         raise ControlError("control.bad_request", "values must be a boolean")
     directory = daemon.root.checkpoints / record.checkpoint
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, describe_checkpoint, directory, step, values)
+    return await off_loop(describe_checkpoint, directory, step, values)
 
 
-async def verify_job(daemon: Wardend, args: dict[str, Any]) -> Any:
+async def verify_job(daemon: View, args: dict[str, Any]) -> Any:
     """verify job reference: prove the job's run continued the reference job's."""
     candidate = job_record(daemon, args)
     reference = job_record(daemon, {"job": args.get("reference")})
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(
-        None, verify_jobs, daemon.root.job(candidate.id), daemon.root.job(reference.id)
-    )
+    return await off_loop(verify_jobs, daemon.root.job(candidate.id), daemon.root.job(reference.id))
 
 
-def handlers(daemon: Wardend) -> dict[str, Any]:
+def handlers(daemon: View) -> dict[str, Any]:
     """The requests this module answers."""
     return {
         "inspect": lambda args: inspect_job(daemon, args),

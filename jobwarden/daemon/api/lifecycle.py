@@ -18,22 +18,22 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from jobwarden.daemon.api import arguments
+from jobwarden.daemon.background import Background, off_loop
 from jobwarden.daemon.store import archive
 from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.store.layout import Root
 from jobwarden.protocol import ControlError
-from jobwarden.states import NEEDS_ATTENTION, TERMINAL, JobState
+from jobwarden.states import RESUMABLE, TERMINAL, JobState
 
 if TYPE_CHECKING:
     from jobwarden.daemon.launch.base import RunningAttempt
-    from jobwarden.daemon.wardend import Wardend
+    from jobwarden.daemon.view import View
 
 log = structlog.get_logger("wardend.lifecycle")
 
@@ -43,7 +43,6 @@ POLL_S = 0.1
 """How often a job being cancelled or restarted is looked at until it rests."""
 KEEP_EVERY_S = 1.0
 """How often the ``--keep-finished`` retention is applied."""
-RESUMABLE = frozenset({S.PREEMPTED, *NEEDS_ATTENTION})
 CANCELLABLE_AT_ONCE = frozenset({S.QUEUED, *RESUMABLE})
 SIGNALS = frozenset({"HUP", "INT", "QUIT", "USR1", "USR2", "TERM", "CONT", "STOP", "WINCH"})
 """What ``signal`` may send: USR1 is the worker's stack dump.  Not KILL: stop and cancel
@@ -55,13 +54,15 @@ ERROR_SUFFIX = ".error.json"
 class Lifecycle:
     """The lifecycle requests of one daemon, and the cancels and restarts under way."""
 
-    def __init__(self, daemon: Wardend) -> None:
+    def __init__(
+        self, daemon: View, keep_finished: int | None = None, keep_days: float | None = None
+    ) -> None:
         self.daemon = daemon
-        self.keep_finished: int | None = None
-        self.keep_days: float | None = None
+        self.keep_finished = keep_finished
+        self.keep_days = keep_days
         self.pending: dict[str, str] = {}
         """Job id -> "cancel" or "restart", for jobs being stopped first."""
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.background = Background("lifecycle")
 
     def handlers(self) -> dict[str, Any]:
         """The requests this module answers."""
@@ -71,7 +72,7 @@ class Lifecycle:
             "restart": lambda args: self.each(args, self.restart_one, None),
             "remove": lambda args: self.each(args, self.remove_one, "remove"),
             "signal": self.signal,
-            "archived": lambda args: to_thread(archive.rows, self.daemon.root),
+            "archived": lambda args: off_loop(archive.rows, self.daemon.root),
             "rejected": self.rejected,
         }
 
@@ -162,7 +163,7 @@ class Lifecycle:
         attempt = supervisor.attempt if supervisor is not None else None
         answer = self.daemon.stop_job(record) or {}
         if record.id in self.pending:
-            self._spawn(self.follow_up(record, attempt.running if attempt else None))
+            self.background.spawn(self.follow_up(record, attempt.running if attempt else None))
         return {"state": record.state.value, doing: True, **answer}
 
     async def follow_up(self, record: JobRecord, stopped: RunningAttempt | None) -> None:
@@ -231,13 +232,26 @@ class Lifecycle:
                 "cancelled, failed or escalated jobs (cancel it first)",
             )
         state = record.state.value
-        target = archive.archive_job(self.daemon, record, "removed by operator")
+        target = archive.archive_job(
+            self.daemon.root, self.daemon.table, record, "removed by operator"
+        )
+        self.daemon.incidents.forget(record.id)
         return {"state": state, "archived": target.name}
 
     def retain(self) -> None:
         """Apply ``--keep-finished`` and ``--keep-finished-days``."""
-        days = self.keep_days
-        archive.retain(self.daemon, self.keep_finished, None if days is None else days * 86400)
+        daemon, days = self.daemon, self.keep_days
+        max_age_s = None if days is None else days * archive.DAY_S
+        moved = archive.retain(
+            daemon.root, daemon.table, daemon.supervisors, self.keep_finished, max_age_s
+        )
+        for job_id in moved:
+            daemon.incidents.forget(job_id)
+
+    @property
+    def retains(self) -> bool:
+        """Whether a retention is set (``--keep-finished``, ``--keep-finished-days``)."""
+        return self.keep_finished is not None or self.keep_days is not None
 
     async def keep(self) -> None:
         """Apply the retention now and every `KEEP_EVERY_S`, while the daemon runs."""
@@ -251,15 +265,10 @@ class Lifecycle:
     async def rejected(self, args: dict[str, Any]) -> Any:
         """rejected [lines]: the newest rejected requests with their problems, newest last."""
         count = arguments.int_arg(args, "lines", 100, 1, REJECTED_LIMIT)
-        return await to_thread(rejected_requests, self.daemon.root, count)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        return await off_loop(rejected_requests, self.daemon.root, count)
 
 
-def applies(command: str, record: JobRecord, daemon: Wardend) -> bool:
+def applies(command: str, record: JobRecord, daemon: View) -> bool:
     """Whether ``all`` takes in ``record`` for ``command``."""
     if command == "stop":
         return record.id in daemon.supervisors
@@ -295,38 +304,3 @@ def rejected_requests(root: Root, count: int) -> dict[str, Any]:
         )
     records.sort(key=lambda r: r["received"] if isinstance(r["received"], int | float) else 0)
     return {"count": len(records), "rejected": records[-count:]}
-
-
-def to_thread(function: Any, *args: Any) -> asyncio.Future[Any]:
-    """Run a file-reading function off the loop."""
-    return asyncio.get_running_loop().run_in_executor(None, function, *args)
-
-
-_ALL: weakref.WeakKeyDictionary[Wardend, Lifecycle] = weakref.WeakKeyDictionary()
-
-
-def of(daemon: Wardend) -> Lifecycle:
-    """The `Lifecycle` of ``daemon``, made on first use."""
-    found = _ALL.get(daemon)
-    if found is None:
-        found = _ALL[daemon] = Lifecycle(daemon)
-    return found
-
-
-async def serve(
-    daemon: Wardend, keep_finished: int | None = None, keep_days: float | None = None
-) -> int:
-    """Run ``daemon`` with its retention applied (``--keep-finished``, ``--keep-finished-days``);
-    its exit status."""
-    lifecycle = of(daemon)
-    lifecycle.keep_finished, lifecycle.keep_days = keep_finished, keep_days
-    keeper = None
-    if keep_finished is not None or keep_days is not None:
-        # Started before the daemon's run: its first turn comes once the table is loaded.
-        keeper = asyncio.get_running_loop().create_task(lifecycle.keep())
-    try:
-        return await daemon.run()
-    finally:
-        if keeper is not None:
-            keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)

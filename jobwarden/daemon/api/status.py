@@ -28,7 +28,7 @@ from jobwarden.protocol import ControlError, Encoded
 from jobwarden.states import NEEDS_ATTENTION
 
 if TYPE_CHECKING:
-    from jobwarden.daemon.wardend import Wardend
+    from jobwarden.daemon.view import View
 
 ATTENTION = frozenset(state.value for state in NEEDS_ATTENTION)
 TABLE_FIELDS = (
@@ -47,7 +47,7 @@ TABLE_FIELDS = (
 every request, last)."""
 
 
-def summary(daemon: Wardend, record: JobRecord, now: float) -> dict[str, Any]:
+def summary(daemon: View, record: JobRecord, now: float) -> dict[str, Any]:
     """One job's full status row."""
     live = daemon.is_live(record.id)
     sample = record.sample if live else {}
@@ -79,7 +79,7 @@ def summary(daemon: Wardend, record: JobRecord, now: float) -> dict[str, Any]:
     }
 
 
-def table_row(daemon: Wardend, record: JobRecord, now: float) -> tuple[Any, ...]:
+def table_row(daemon: View, record: JobRecord, now: float) -> tuple[Any, ...]:
     """One job's values for ``TABLE_FIELDS``."""
     live = daemon.is_live(record.id)
     return (
@@ -115,7 +115,7 @@ class StatusRows:
         self.progress: list[float | None] = []
         self.held: list[tuple[int, JobRecord]] = []
 
-    def columns(self, daemon: Wardend, now: float) -> list[list[Any]]:
+    def columns(self, daemon: View, now: float) -> list[list[Any]]:
         """The table's columns, in `TABLE_FIELDS` order.
 
         Between two changes of the table (`JobTable.version`) and of the jobs
@@ -141,7 +141,7 @@ class StatusRows:
                 column[index] = value
         return columns
 
-    def values(self, daemon: Wardend, record: JobRecord, now: float) -> tuple[Any, ...]:
+    def values(self, daemon: View, record: JobRecord, now: float) -> tuple[Any, ...]:
         """One job's values for ``TABLE_FIELDS``."""
         if record.id in daemon.supervisors:
             return table_row(daemon, record, now)
@@ -152,7 +152,7 @@ class StatusRows:
         age = round(now - record.last_progress, 3) if record.last_progress else None
         return (*found[1], age)
 
-    def forget_unknown(self, daemon: Wardend) -> None:
+    def forget_unknown(self, daemon: View) -> None:
         """Drop the entries of jobs the table no longer holds, once they are many."""
         known = daemon.table.records
         for cache in (self.cached, self.kept):
@@ -160,7 +160,7 @@ class StatusRows:
                 for job_id in [j for j in cache if j not in known]:
                     del cache[job_id]
 
-    def row(self, daemon: Wardend, record: JobRecord, now: float) -> str:
+    def row(self, daemon: View, record: JobRecord, now: float) -> str:
         """One full status row as JSON text."""
         if record.id in daemon.supervisors:
             return json.dumps(summary(daemon, record, now), allow_nan=False)
@@ -176,7 +176,7 @@ class StatusRows:
         return f"{found[1]}{now - record.last_progress:.3f}}}"
 
 
-def totals(daemon: Wardend, states: list[str]) -> dict[str, Any]:
+def totals(daemon: View, states: list[str]) -> dict[str, Any]:
     """Jobs in all and per state, those needing attention, and the rejected requests."""
     per_state = Counter(states)
     return {
@@ -187,7 +187,7 @@ def totals(daemon: Wardend, states: list[str]) -> dict[str, Any]:
     }
 
 
-def status(daemon: Wardend, args: dict[str, Any], rows: StatusRows | None = None) -> Any:
+def status(daemon: View, args: dict[str, Any], rows: StatusRows | None = None) -> Any:
     """status [job] [rows]: the table as columns (or full rows), or one job in detail."""
     now = time.time()
     if args.get("job") is not None:

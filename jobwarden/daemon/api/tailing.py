@@ -14,7 +14,6 @@ in a thread; the loop only snapshots the record first.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
 from collections.abc import Callable, Iterator
@@ -23,12 +22,13 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from jobwarden.daemon.api.arguments import int_arg, job_record
+from jobwarden.daemon.background import off_loop
 from jobwarden.daemon.supervise.attempt import output_entry, stdout_name
 from jobwarden.decoding import loads_json
 from jobwarden.protocol import MAX_INT, ControlError
 
 if TYPE_CHECKING:
-    from jobwarden.daemon.wardend import Wardend
+    from jobwarden.daemon.view import View
 
 BLOCK = 64 << 10
 SCAN_BYTES = 64 << 20
@@ -302,7 +302,7 @@ def cursor_arg(args: dict[str, Any]) -> dict[str, int] | None:
     return {name: int_arg(cursor, name, 1 if name == "attempt" else 0, 0) for name in fields}
 
 
-async def tail(daemon: Wardend, args: dict[str, Any]) -> Any:
+async def tail(daemon: View, args: dict[str, Any]) -> Any:
     """tail job [lines attempt stream daemon cursor]: the end of a job's lines, or more."""
     record = job_record(daemon, args)
     count = int_arg(args, "lines", DEFAULT_LINES, 1, MAX_LINES)
@@ -324,27 +324,25 @@ async def tail(daemon: Wardend, args: dict[str, Any]) -> Any:
         record.job.emits_events,
         stdout_name(record.job),
     )
-    loop = asyncio.get_running_loop()
     if stream == "stderr" and cursor is None:
-        answer = await loop.run_in_executor(None, stderr_tail, job, count, attempt)
+        answer = await off_loop(stderr_tail, job, count, attempt)
     elif stream == "stderr" and cursor is not None:
-        answer = await loop.run_in_executor(None, stderr_follow, job, cursor, attempt)
+        answer = await off_loop(stderr_follow, job, cursor, attempt)
     elif cursor is None:
-        answer = await loop.run_in_executor(None, job_tail, job, count, attempt, with_daemon)
+        answer = await off_loop(job_tail, job, count, attempt, with_daemon)
     else:
-        answer = await loop.run_in_executor(None, job_follow, job, cursor, attempt, with_daemon)
+        answer = await off_loop(job_follow, job, cursor, attempt, with_daemon)
     return {**answer, "state": record.state.value, "attempts": record.attempt}
 
 
-async def maintail(daemon: Wardend, args: dict[str, Any]) -> Any:
+async def maintail(daemon: View, args: dict[str, Any]) -> Any:
     """maintail [lines cursor]: the end of the daemon's own log, or what follows the cursor."""
     count = int_arg(args, "lines", DEFAULT_LINES, 1, MAX_LINES)
     cursor = None if args.get("cursor") is None else int_arg(args, "cursor", 0, 0, MAX_INT)
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, main_tail, daemon.root.log, count, cursor)
+    return await off_loop(main_tail, daemon.root.log, count, cursor)
 
 
-def handlers(daemon: Wardend) -> dict[str, Any]:
+def handlers(daemon: View) -> dict[str, Any]:
     """The requests this module answers."""
     return {
         "tail": lambda args: tail(daemon, args),

@@ -254,6 +254,12 @@ class IncidentLog:
         else:
             self.unwritten.pop(incident.id, None)
 
+    def forget(self, job_id: str) -> None:
+        """Drop what is still unwritten for a job whose folder has moved (archived)."""
+        for key, incident in list(self.unwritten.items()):
+            if incident.job == job_id:
+                del self.unwritten[key]
+
     def retry(self) -> None:
         """Write again each incident whose last write failed."""
         for incident in list(self.unwritten.values()):

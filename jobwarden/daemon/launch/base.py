@@ -15,25 +15,23 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-import importlib
 import os
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from jobwarden.daemon.config import LaunchSettings
 from jobwarden.daemon.store.evidence import EvidenceFile
 from jobwarden.errors import JobwardenError
 from jobwarden.events import Event, Malformed, parse_line
 
 log = structlog.get_logger("wardend.launcher")
 LINE_LIMIT = 1 << 20
-ENTRY_POINT_GROUP = "jobwarden.launchers"
 EVENTS_FILE = "events.jsonl"
 """Where an attempt's stdout is kept when it carries jobwarden events."""
 OUTPUT_FILE = "output.log"
@@ -195,6 +193,10 @@ class Launcher(abc.ABC):
 
     name: str
 
+    def __init__(self, settings: LaunchSettings | None = None) -> None:
+        self.settings = settings or LaunchSettings()
+        """What the daemon configured launchers with (`jobwarden.daemon.config`)."""
+
     @abc.abstractmethod
     async def start(self, spec: LaunchSpec) -> RunningAttempt:
         """Start ``spec``'s attempt; raises `LauncherError` when it cannot."""
@@ -261,29 +263,6 @@ async def pump(
             dispatch(bytes(buffer))
     finally:
         events.close()
-
-
-def load(name: str) -> Launcher:
-    """The launcher called ``name``: a ``jobwarden.launchers`` entry point or ``module:attr``."""
-    if ":" in name:
-        module, _, attribute = name.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module), attribute)
-        except (ImportError, AttributeError) as error:
-            raise LauncherError(f"launcher {name!r} cannot be loaded: {error}") from error
-    else:
-        found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-        if name not in found:
-            raise LauncherError(
-                f"no launcher {name!r}; known: {', '.join(sorted(found)) or 'none'}",
-                launcher=name,
-            )
-        factory = found[name].load()
-    if isinstance(factory, Launcher):
-        return factory
-    if not (isinstance(factory, type) and issubclass(factory, Launcher)):
-        raise LauncherError(f"launcher {name!r} is not a Launcher: {factory!r}", launcher=name)
-    return factory()
 
 
 def suppress_gone() -> contextlib.suppress:

@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import structlog
 
+from jobwarden.daemon.config import LaunchSettings
 from jobwarden.daemon.launch.base import (
     ATTEMPT_ENV,
     LINE_LIMIT,
@@ -79,8 +80,9 @@ class LocalLauncher(Launcher):
 
     name = "local"
 
-    def __init__(self, warm_spare: bool = True) -> None:
-        self.spares = SparePool() if warm_spare else None
+    def __init__(self, settings: LaunchSettings | None = None) -> None:
+        super().__init__(settings)
+        self.spares = SparePool() if self.settings.warm_spares else None
         """Warm spares for built-in task jobs (`jobwarden.daemon.launch.spares`); None: cold."""
 
     async def wait_orphan(self, pid: int, started: float | None) -> None:

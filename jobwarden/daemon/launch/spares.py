@@ -22,17 +22,16 @@ itself when its stdin closes (the daemon exits, however it exits).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import structlog
 
+from jobwarden.daemon.background import Background
 from jobwarden.daemon.launch.base import ATTEMPT_ENV, LINE_LIMIT, LaunchSpec, RunningAttempt
 from jobwarden.daemon.store.evidence import open_evidence
 from jobwarden.errors import JobwardenError
@@ -132,7 +131,7 @@ class SparePool:
     failed: set[str] = field(default_factory=set)
     handed: int = 0
     _timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
-    _tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    _background: Background = field(default_factory=lambda: Background("spare"))
 
     async def start(self, spec: LaunchSpec, spawn: Spawn, adopt: Adopt) -> RunningAttempt:
         """Start ``spec``'s attempt: on this key's spare when one is ready, else cold (``spawn``);
@@ -144,9 +143,9 @@ class SparePool:
         attempt = await self._hand(key, call, spec, adopt)
         if attempt is None:
             attempt = await spawn(spec, "stderr.log")
-            self._background(self._ensure(key, call, spec, 0.0))
+            self._background.spawn(self._ensure(key, call, spec, 0.0))
         else:
-            self._background(self._ensure(key, call, spec, REPLACE_AFTER_S))
+            self._background.spawn(self._ensure(key, call, spec, REPLACE_AFTER_S))
         self._follow(key, attempt)
         return attempt
 
@@ -227,7 +226,7 @@ class SparePool:
                 loop = asyncio.get_running_loop()
                 self._timers[key] = loop.call_later(IDLE_S, self._retire, key)
 
-        self._background(ended())
+        self._background.spawn(ended())
 
     def _retire(self, key: str) -> None:
         self._timers.pop(key, None)
@@ -237,12 +236,7 @@ class SparePool:
         if spare is not None:
             log.info("spare.retired", pid=spare.proc.pid)
             spare.retire()
-            self._background(spare.proc.wait())
-
-    def _background(self, work: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+            self._background.spawn(spare.proc.wait())
 
     def pids(self) -> list[int]:
         """The pids of the spares not handed out (for tests and status)."""
@@ -255,6 +249,4 @@ class SparePool:
         self.spares.clear()
         for timer in self._timers.values():
             timer.cancel()
-        with contextlib.suppress(RuntimeError):
-            for task in self._tasks:
-                task.cancel()
+        self._background.cancel()

@@ -17,37 +17,23 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from jobwarden.daemon.observe import metrics
+from jobwarden.daemon.config import MetricsSettings
 from jobwarden.daemon.store.evidence import describe
 from jobwarden.errors import JobwardenError
 from jobwarden.files import PENDING_SUFFIX, Directory, write_all
-
-if TYPE_CHECKING:
-    from jobwarden.daemon.wardend import Wardend
 
 log = structlog.get_logger("wardend.metrics")
 
 LOOPBACK = "127.0.0.1"
 TEXTFILE_MODE = 0o644
 """node_exporter runs as its own user: the textfile is readable by others (counts only)."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """``--metrics-listen`` and ``--metrics-textfile``; both off by default."""
-
-    listen: str | None = None
-    """``HOST:PORT`` (`parse_address`); a bare port binds loopback."""
-    textfile: Path | None = None
-    """A ``*.prom`` file in node_exporter's textfile folder."""
 
 
 class MetricsListenError(JobwardenError):
@@ -149,8 +135,11 @@ def write_textfile(path: Path, text: str) -> None:
 class Exporter:
     """Renders the daemon's metrics on the loop and hands them to the listener and textfile."""
 
-    def __init__(self, daemon: Wardend, settings: Settings, interval_s: float) -> None:
-        self.daemon = daemon
+    def __init__(
+        self, render: Callable[[], str], settings: MetricsSettings, interval_s: float
+    ) -> None:
+        self.render = render
+        """The exposition of the daemon's state now (`metrics.render` of its view)."""
         self.listen = settings.listen
         self.textfile = settings.textfile
         self.interval_s = interval_s
@@ -179,7 +168,7 @@ class Exporter:
 
     def refresh(self) -> str:
         """Render now (on the loop) and hand the bytes to the listener."""
-        text = metrics.render(self.daemon)
+        text = self.render()
         if self.server is not None:
             self.server.exposition = text.encode()
         self.renderings += 1

@@ -29,13 +29,13 @@ import urllib.parse
 import urllib.request
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
 from jobwarden import __version__
+from jobwarden.daemon.config import NotifySettings
 from jobwarden.daemon.observe.notify import child_environment
 from jobwarden.daemon.store.evidence import describe
 from jobwarden.errors import JobwardenError
@@ -62,18 +62,6 @@ SUMMARY_CHARS = 500
 """An incident's summary is its symptom, cut to this length."""
 ERROR_CHARS = 300
 """Of a hook's stderr or a webhook's reply, this much is kept in the log."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """``--notify-exec``, ``--notify-webhook`` and ``--notify-timeout``; no sink by default."""
-
-    exec: str | None = None
-    """The hook program's absolute path (`check_program`)."""
-    webhook: str | None = None
-    """An http or https URL (`check_webhook`)."""
-    timeout_s: float = 10.0
-    """Seconds one try may take: the hook's run, or the webhook's connect and reply."""
 
 
 class NotifySettingError(JobwardenError):
@@ -330,7 +318,7 @@ class Notifications:
 
     @classmethod
     def attach(
-        cls, settings: Settings, root: Root, table: JobTable, incidents: IncidentLog
+        cls, settings: NotifySettings, root: Root, table: JobTable, incidents: IncidentLog
     ) -> Notifications:
         """The sinks ``settings`` ask for, listening to the table's and the log's changes.
 

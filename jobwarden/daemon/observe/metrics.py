@@ -23,13 +23,13 @@ from jobwarden.states import JobState
 
 if TYPE_CHECKING:
     from jobwarden.daemon.store.jobs import JobRecord
-    from jobwarden.daemon.wardend import Wardend
+    from jobwarden.daemon.view import View
 
 
 class WardendCollector:
     """Collects jobwarden_* metrics from a running daemon."""
 
-    def __init__(self, daemon: Wardend) -> None:
+    def __init__(self, daemon: View) -> None:
         self.daemon = daemon
 
     def collect(self) -> Iterator[Metric]:
@@ -102,7 +102,7 @@ class WardendCollector:
         yield from goodput_metrics(daemon, records)
 
 
-def goodput_metrics(daemon: Wardend, records: list[JobRecord]) -> Iterator[Metric]:
+def goodput_metrics(daemon: View, records: list[JobRecord]) -> Iterator[Metric]:
     """Each job's goodput (a gauge) and its productive and badput seconds (counters)."""
     now = time.time()
     share = GaugeMetricFamily(
@@ -126,7 +126,7 @@ def goodput_metrics(daemon: Wardend, records: list[JobRecord]) -> Iterator[Metri
     yield badput
 
 
-def render(daemon: Wardend) -> str:
+def render(daemon: View) -> str:
     """The exposition text."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(WardendCollector(daemon))

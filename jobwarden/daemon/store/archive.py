@@ -14,19 +14,17 @@ import datetime
 import json
 import os
 import time
+from collections.abc import Container
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from jobwarden.daemon.store import rootcheck
-from jobwarden.daemon.store.jobs import JobRecord
+from jobwarden.daemon.store.jobs import JobRecord, JobTable
 from jobwarden.daemon.store.layout import Root
 from jobwarden.files import fsync_dir, write_text_atomic
 from jobwarden.states import SETTLED, TERMINAL
-
-if TYPE_CHECKING:
-    from jobwarden.daemon.wardend import Wardend
 
 log = structlog.get_logger("wardend.archive")
 
@@ -50,12 +48,13 @@ def stamp(now: float) -> str:
     return moment.strftime("%Y%m%dT%H%M%S.%fZ")
 
 
-def archive_job(daemon: Wardend, record: JobRecord, reason: str) -> Path:
+def archive_job(root: Root, table: JobTable, record: JobRecord, reason: str) -> Path:
     """Move a settled job's folder into the archive and forget the job; returns where it went.
 
     Raises OSError when the move cannot be made (the job then stays as it was).
+    The caller forgets whatever else it keeps for the job (its unwritten incidents).
     """
-    root, now = daemon.root, time.time()
+    now = time.time()
     archive = folder_of(root)
     rootcheck.make_folder(archive)
     target = archive / f"{record.id}-{stamp(now)}"
@@ -76,10 +75,7 @@ def archive_job(daemon: Wardend, record: JobRecord, reason: str) -> Path:
     os.rename(source, target)
     fsync_dir(archive)
     fsync_dir(root.jobs)
-    daemon.table.drop(record.id)
-    for key, incident in list(daemon.incidents.unwritten.items()):
-        if incident.job == record.id:  # its folder has moved: nothing more is written for it
-            del daemon.incidents.unwritten[key]
+    table.drop(record.id)
     log.info(
         "job.archived",
         job=record.id,
@@ -96,10 +92,16 @@ def settled_at(record: JobRecord) -> float:
 
 
 def retain(
-    daemon: Wardend, keep: int | None, max_age_s: float | None = None, now: float | None = None
+    root: Root,
+    table: JobTable,
+    held: Container[str],
+    keep: int | None,
+    max_age_s: float | None = None,
+    *,
+    now: float | None = None,
 ) -> list[str]:
     """Archive the oldest completed and cancelled jobs beyond ``keep``, and those settled
-    more than ``max_age_s`` ago; returns their ids.
+    more than ``max_age_s`` ago, unless a supervisor still ``held`` them; returns their ids.
 
     Failed and escalated jobs are never archived automatically: they wait for
     a person, and `status` keeps saying so until one decides.
@@ -107,7 +109,7 @@ def retain(
     if keep is None and max_age_s is None:
         return []
     done = sorted(
-        (r for r in daemon.table if r.state in TERMINAL and r.id not in daemon.supervisors),
+        (r for r in table if r.state in TERMINAL and r.id not in held),
         key=settled_at,
     )
     now = time.time() if now is None else now
@@ -120,7 +122,7 @@ def retain(
     moved = []
     for record, reason in chosen:
         try:
-            archive_job(daemon, record, reason)
+            archive_job(root, table, record, reason)
         except OSError as error:
             log.error("job.archive_failed", job=record.id, error=str(error))
             break

@@ -28,7 +28,7 @@ from jobwarden.proof.replay import ReplayPlan
 from jobwarden.states import JobState
 
 if TYPE_CHECKING:
-    from jobwarden.daemon.supervise.supervisor import Services
+    from jobwarden.daemon.supervise.services import Services
 
 log = structlog.get_logger("wardend.adoption")
 

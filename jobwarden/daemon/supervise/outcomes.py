@@ -27,7 +27,7 @@ from jobwarden.proof.replay import ReplayPlan, Verdict
 from jobwarden.states import TRANSITIONS, JobState
 
 if TYPE_CHECKING:
-    from jobwarden.daemon.supervise.supervisor import Services
+    from jobwarden.daemon.supervise.services import Services
 
 log = structlog.get_logger("wardend.outcomes")
 

@@ -16,25 +16,22 @@ import errno
 import functools
 import json
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import structlog
 
 from jobwarden import testfaults
-from jobwarden.daemon.incidents.records import Incident, IncidentLog
-from jobwarden.daemon.launch.base import ExitInfo, Launcher, LauncherError, RunningAttempt
-from jobwarden.daemon.stats import Stats
+from jobwarden.daemon.incidents.records import Incident
+from jobwarden.daemon.launch.base import ExitInfo, LauncherError, RunningAttempt
 from jobwarden.daemon.store import evidence
-from jobwarden.daemon.store.jobs import JobRecord, JobTable
-from jobwarden.daemon.store.layout import Root
+from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.supervise import adoption, diagnosis, outcomes, policy
 from jobwarden.daemon.supervise import stallevidence as stalled
 from jobwarden.daemon.supervise.attempt import Attempt, prepare
 from jobwarden.daemon.supervise.policy import IncidentKind, Outcome, StopReason
-from jobwarden.daemon.supervise.stall import Clock, StallPhase, StallWatch
+from jobwarden.daemon.supervise.services import Services
+from jobwarden.daemon.supervise.stall import StallPhase, StallWatch
 from jobwarden.daemon.supervise.verification import ReplayVerifier
 from jobwarden.events import Event, Malformed
 from jobwarden.files import UnsafePathError
@@ -46,24 +43,6 @@ log = structlog.get_logger("wardend.supervisor")
 S = JobState
 K = IncidentKind
 Verifier = ReplayVerifier | None
-
-
-@dataclass
-class Services:
-    """What a supervisor uses of its daemon."""
-
-    root: Root
-    table: JobTable
-    incidents: IncidentLog
-    launcher: Launcher
-    stats: Stats
-    clock: Clock
-    compile_cache: Path
-    signing_key: Path | None
-    environment: dict[str, str]
-    spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]
-    owner_of: Callable[[JobRecord], JobRecord | None]
-    on_settled: Callable[[JobSupervisor], None]
 
 
 class JobSupervisor:

@@ -24,13 +24,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import structlog
 
+from jobwarden.daemon.config import LaunchSettings
 from jobwarden.daemon.launch.base import (
     LINE_LIMIT,
     ExitInfo,
@@ -142,8 +142,9 @@ class SlurmLauncher(Launcher):
 
     name = "slurm"
 
-    def __init__(self, settings: SlurmSettings | None = None) -> None:
-        self.settings = settings or SlurmSettings.from_environment(os.environ)
+    def __init__(self, settings: LaunchSettings | None = None) -> None:
+        super().__init__(settings)
+        self.slurm = SlurmSettings.of(self.settings.slurm)
 
     async def start(self, spec: LaunchSpec) -> RunningAttempt:
         """Write the batch script and submit it; raises `LauncherError` when sbatch refuses."""
@@ -154,7 +155,7 @@ class SlurmLauncher(Launcher):
         script = spec.folder / SCRIPT
         write_text_atomic(script, batch_script(spec))
         script.chmod(0o700)
-        settings = self.settings.for_job(section_of(spec.folder.parent.parent))
+        settings = self.slurm.for_job(section_of(spec.folder.parent.parent))
         argv = ["sbatch", *settings.sbatch_options(spec), str(script)]
         checkpoint = checkpoint_of(spec.folder)
         before = await judge_directory(checkpoint) if checkpoint is not None else None

@@ -1,29 +1,27 @@
 """What one attempt submits: its sbatch options and its batch script (and, for N members, theirs).
 
-Settings come from the daemon (``wardend --slurm-*``, which sets
-``JOBWARDEN_SLURM_PARTITION``, ``_ACCOUNT``, ``_TIME``, ``_SIGNAL_S`` and
-``_EXTRA``), and a job's own ``[slurm]`` section overrides partition, time limit
-and nodes (`slurmsection`).  The batch script runs ``srun`` of the very argv
-the local launcher would exec; with ``[run] processes = N`` it runs N tasks,
-each a member (`member_script`): task i sets the membership variables the SDK
-reads (from ``SLURM_PROCID``), keeps its stdout in ``events.<i>.jsonl`` and its
-stderr in ``stderr.<i>.log`` (member 0: ``events.jsonl``, ``stderr.log``), as
-locally, and records its own exit status in ``member.<i>.exit``.
+Settings come from the daemon (``wardend --slurm-*``: `config.SlurmOptions`, handed to the
+launcher as typed settings), and a job's own ``[slurm]`` section overrides partition, time
+limit and nodes (`slurmsection`). The batch script runs ``srun`` of the very argv the local
+launcher would exec; with ``[run] processes = N`` it runs N tasks, each a member
+(`member_script`): task i sets the membership variables the SDK reads (from
+``SLURM_PROCID``), keeps its stdout in ``events.<i>.jsonl`` and its stderr in
+``stderr.<i>.log`` (member 0: ``events.jsonl``, ``stderr.log``), as locally, and records its
+own exit status in ``member.<i>.exit``.
 """
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from jobwarden.daemon.launch.base import LauncherError, LaunchSpec
+from jobwarden.daemon.config import SlurmOptions
+from jobwarden.daemon.launch.base import LaunchSpec
 from jobwarden.daemon.launch.members import member_file
 from jobwarden.sdk.distributed import COORDINATOR_ENV, PROCESS_ID_ENV, PROCESSES_ENV
 from jobwarden.slurmsection import SlurmSection
 
-ENV_PREFIX = "JOBWARDEN_SLURM_"
 SCRIPT = "slurm.sh"
 MEMBER_SCRIPT = "slurm-member.sh"
 EXIT_RECORD = "slurm.exit"
@@ -44,18 +42,15 @@ class SlurmSettings:
     nodes: int | None = None
 
     @classmethod
-    def from_environment(cls, env: Mapping[str, str]) -> SlurmSettings:
-        """The settings in ``JOBWARDEN_SLURM_*``; raises `LauncherError` on a bad one."""
-
-        def get(name: str) -> str | None:
-            return env.get(ENV_PREFIX + name) or None
-
-        try:
-            lead = int(get("SIGNAL_S") or 60)
-            extra = tuple(shlex.split(get("EXTRA") or ""))
-        except ValueError as error:
-            raise LauncherError(f"bad {ENV_PREFIX}* setting: {error}") from error
-        return cls(get("PARTITION"), get("ACCOUNT"), get("TIME"), lead, extra)
+    def of(cls, options: SlurmOptions) -> SlurmSettings:
+        """The settings the daemon was given (``wardend --slurm-*``)."""
+        return cls(
+            options.partition,
+            options.account,
+            options.time_limit,
+            options.signal_lead_s,
+            options.extra,
+        )
 
     def for_job(self, section: SlurmSection | None) -> SlurmSettings:
         """These settings with a job's ``[slurm]`` section laid over them."""

@@ -20,6 +20,7 @@ from typing import Any
 
 import structlog
 
+from jobwarden.daemon.background import Background
 from jobwarden.daemon.launch.base import LauncherError
 from jobwarden.daemon.launch.slurm.ctl import query, slurm_command
 from jobwarden.daemon.launch.slurm.state import Phase, SlurmJob
@@ -76,7 +77,7 @@ class SlurmWatch:
     over: bool = False
     """The job ended, was requeued, or Slurm no longer knows it."""
     callbacks: list[Callable[[], None]] = field(default_factory=list)
-    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    background: Background = field(default_factory=lambda: Background("slurm"))
     terminated: bool = False
 
     @property
@@ -142,11 +143,7 @@ class SlurmWatch:
 
     def scancel(self, *options: str) -> None:
         """Run ``scancel OPTIONS JOB`` in the background."""
-        task = asyncio.get_running_loop().create_task(
-            slurm_command("scancel", *options, self.job_id)
-        )
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.background.spawn(slurm_command("scancel", *options, self.job_id))
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to the job's steps (the workers), never to srun."""
