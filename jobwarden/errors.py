@@ -1,14 +1,41 @@
-"""The one root exception and the stable codes and exit statuses it carries.
+"""The one root exception, the stable codes and exit statuses it carries, and incident kinds.
 
 Every refusal jobwarden makes is a `JobwardenError` subclass.  Each subclass has
-a stable machine-readable ``code`` and a distinct process ``exit_status`` (the
-worker exits with it), and carries its evidence as plain fields so an incident
-record can be written from the exception alone.
+a stable machine-readable ``code``, a process ``exit_status`` (the worker exits
+with it) and the `IncidentKind` a failed attempt that reports it leads to, and
+carries its evidence as plain fields so an incident record can be written from
+the exception alone.  A subclass inherits its family's kind unless it names its own.
+
+Within one program the refusals have distinct exit statuses, with deliberate
+exceptions: 70 (EX_SOFTWARE) for a defect, and for the abstract root, which
+classes that never end a process themselves inherit; 2 for a setting or input
+that cannot be used (a usage error); 19 for the checkpoint family bases, which
+are never raised; and wardenctl's few statuses by meaning (docs/wardenctl.md).
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any, ClassVar
+
+
+class IncidentKind(enum.StrEnum):
+    """What kind of failure an incident records; defined here, as every error names its own."""
+
+    CRASH = "crash"
+    STALL = "stall"
+    RSS_LIMIT = "rss_limit"
+    PREEMPTION = "preemption"
+    INVALID_REQUEST = "invalid_request"
+    RESUME_POLICY = "resume_policy"
+    UNSAFE_CACHE = "unsafe_cache"
+    DUPLICATE_WRITER = "duplicate_writer"
+    UNSAFE_PATH = "unsafe_path"
+    DISK_FULL = "disk_full"
+    CORRUPT_CHECKPOINT = "corrupt_checkpoint"
+    INCOMPATIBLE_CHECKPOINT = "incompatible_checkpoint"
+    REPLAY_MISMATCH = "replay_mismatch"
+    DAEMON_RESTART = "daemon_restart"
 
 
 class JobwardenError(Exception):
@@ -16,6 +43,9 @@ class JobwardenError(Exception):
 
     code: ClassVar[str] = "jobwarden.error"
     exit_status: ClassVar[int] = 70
+    incident: ClassVar[IncidentKind] = IncidentKind.CRASH
+    """The kind of incident a failed attempt that reports this code is; a restart may
+    mend what nobody foresaw, so the root's is a crash."""
 
     def __init__(self, message: str, **evidence: Any) -> None:
         super().__init__(message)
@@ -32,6 +62,7 @@ class JobFileError(JobwardenError):
 
     code = "job.invalid"
     exit_status = 3
+    incident = IncidentKind.INVALID_REQUEST
 
     def __init__(self, path: str, problems: list[str]) -> None:
         listing = "; ".join(problems)
@@ -46,6 +77,7 @@ class UnsafeCacheError(JobwardenError):
 
     code = "worker.cache_unsafe"
     exit_status = 4
+    incident = IncidentKind.UNSAFE_CACHE
 
 
 class InjectedFailure(JobwardenError):
@@ -53,6 +85,7 @@ class InjectedFailure(JobwardenError):
 
     code = "worker.injected_failure"
     exit_status = 10
+    incident = IncidentKind.CRASH
 
 
 class WriterLockedError(JobwardenError):
@@ -60,6 +93,7 @@ class WriterLockedError(JobwardenError):
 
     code = "writer.locked"
     exit_status = 11
+    incident = IncidentKind.DUPLICATE_WRITER
 
 
 class ResumePolicyError(JobwardenError):
@@ -67,6 +101,7 @@ class ResumePolicyError(JobwardenError):
 
     code = "resume.policy"
     exit_status = 12
+    incident = IncidentKind.RESUME_POLICY
 
 
 class PreemptedExit(JobwardenError):
@@ -74,6 +109,7 @@ class PreemptedExit(JobwardenError):
 
     code = "worker.preempted"
     exit_status = 75
+    incident = IncidentKind.PREEMPTION
 
 
 class WorkerInternalError(JobwardenError):
@@ -81,6 +117,7 @@ class WorkerInternalError(JobwardenError):
 
     code = "worker.internal"
     exit_status = 70
+    incident = IncidentKind.CRASH
 
 
 class ExitStatusConflict(JobwardenError):

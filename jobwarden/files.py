@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jobwarden.errors import JobwardenError
+from jobwarden.errors import IncidentKind, JobwardenError
 
 # Larger single writes are split: Linux writes at most about 2 GiB per call.
 WRITE_CHUNK = 1 << 30
@@ -52,6 +52,7 @@ class UnsafePathError(JobwardenError):
 
     code = "path.unsafe"
     exit_status = 5
+    incident = IncidentKind.UNSAFE_PATH
 
     def __init__(self, path: str, reason: str, **evidence: Any) -> None:
         super().__init__(f"{path}: {reason}", path=path, reason=reason, **evidence)

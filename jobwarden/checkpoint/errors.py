@@ -7,14 +7,15 @@ the key): the file is quarantined and an older checkpoint may be used.  An
 runtime: the attempt stops, with no fallback and no relaxed checks.  Besides
 the files, the directory itself can be refused (`UnsafeCheckpointDirectory`),
 and a writer that lost its lock or was fenced stops before it commits
-(`WriterLockLost`, `WriterFenced`).
+(`WriterLockLost`, `WriterFenced`).  Each family names the `IncidentKind` it
+leads to and its members inherit it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from jobwarden.errors import JobwardenError, WriterLockedError
+from jobwarden.errors import IncidentKind, JobwardenError, WriterLockedError
 from jobwarden.files import UnsafePathError
 
 
@@ -37,6 +38,8 @@ class CorruptCheckpoint(CheckpointError):
     """Raised for accidental damage; the store quarantines the file and falls back."""
 
     code = "checkpoint.corrupt"
+    incident = IncidentKind.CRASH
+    """A restart falls back past the quarantined file; only `NoUsableCheckpoint` is final."""
 
 
 class UnreadableCheckpoint(CorruptCheckpoint):
@@ -75,6 +78,7 @@ class IncompatibleCheckpoint(CheckpointError):
     """Raised for a sound file that is not this experiment's; recovery escalates."""
 
     code = "checkpoint.incompatible"
+    incident = IncidentKind.INCOMPATIBLE_CHECKPOINT
 
     def __init__(
         self,
@@ -174,6 +178,7 @@ class NoUsableCheckpoint(CheckpointError):
 
     code = "checkpoint.none_usable"
     exit_status = 13
+    incident = IncidentKind.CORRUPT_CHECKPOINT
 
 
 class CheckpointDiskFull(CheckpointError):
@@ -183,6 +188,7 @@ class CheckpointDiskFull(CheckpointError):
 
     code = "checkpoint.disk_full"
     exit_status = 17
+    incident = IncidentKind.DISK_FULL
 
     def __init__(self, directory: str, step: int, wanted: int, error: OSError) -> None:
         super().__init__(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jobwarden.errors import JobwardenError
+from jobwarden.errors import IncidentKind, JobwardenError
 from jobwarden.jobfile import FaultSection
 
 PROCESS_ID_ENV = "JOBWARDEN_PROCESS_ID"
@@ -34,7 +34,9 @@ class MembersDiverged(JobwardenError):
     are no longer one experiment, so nothing is committed."""
 
     code = "distributed.diverged"
-    exit_status = 29
+    exit_status = 36
+    incident = IncidentKind.CRASH
+    """Nothing was committed, so a restart resumes every member from the last agreed step."""
 
 
 class MembershipError(JobwardenError):

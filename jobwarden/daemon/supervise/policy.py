@@ -31,21 +31,9 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from jobwarden.checkpoint import signing  # noqa: F401 - registers UnsafeSigningKey's code
-from jobwarden.checkpoint.errors import (
-    CheckpointDiskFull,
-    IncompatibleCheckpoint,
-    NoUsableCheckpoint,
-)
-from jobwarden.errors import (
-    JobFileError,
-    JobwardenError,
-    PreemptedExit,
-    ResumePolicyError,
-    UnsafeCacheError,
-    WriterLockedError,
-)
-from jobwarden.files import UnsafePathError
+from jobwarden.daemon.incidents.kinds import KINDS
+from jobwarden.errors import IncidentKind as IncidentKind  # noqa: PLC0414 - re-exported
+from jobwarden.errors import JobwardenError, PreemptedExit
 
 if TYPE_CHECKING:
     from jobwarden.daemon.launch.base import ExitInfo
@@ -62,53 +50,30 @@ class StopReason(enum.StrEnum):
     MISMATCH = "mismatch"
 
 
-class IncidentKind(enum.StrEnum):
-    """What kind of failure an incident records."""
-
-    CRASH = "crash"
-    STALL = "stall"
-    RSS_LIMIT = "rss_limit"
-    PREEMPTION = "preemption"
-    INVALID_REQUEST = "invalid_request"
-    RESUME_POLICY = "resume_policy"
-    UNSAFE_CACHE = "unsafe_cache"
-    DUPLICATE_WRITER = "duplicate_writer"
-    UNSAFE_PATH = "unsafe_path"
-    DISK_FULL = "disk_full"
-    CORRUPT_CHECKPOINT = "corrupt_checkpoint"
-    INCOMPATIBLE_CHECKPOINT = "incompatible_checkpoint"
-    REPLAY_MISMATCH = "replay_mismatch"
-    DAEMON_RESTART = "daemon_restart"
-
-
 K = IncidentKind
 
 
-def _codes(base: type[JobwardenError]) -> frozenset[str]:
-    """The codes of ``base``'s concrete subclasses: the refusals a worker reports."""
-    found, stack = set(), list(base.__subclasses__())
-    while stack:
-        cls = stack.pop()
-        stack.extend(cls.__subclasses__())
-        found.add(cls.code)
-    return frozenset(found)
-
-
-# Worker refusals that escalate to a person, and the kind of incident each is: a
-# restart would meet the same refusal (a full disk included: no restart loop).
-# Corrupt files are not here: the worker quarantines them and falls back by
-# itself, and only `NoUsableCheckpoint` is final.
+# Kinds a restart cannot mend: a person decides.  A worker's refusal names its kind
+# on its error class (`kinds.KINDS` by code): a restart would meet the same refusal
+# (a full disk included: no restart loop).  Corrupt files are not here: the worker
+# quarantines them and falls back by itself, and only `NoUsableCheckpoint` is final.
+ESCALATING_KINDS = frozenset(
+    {
+        K.INVALID_REQUEST,
+        K.RESUME_POLICY,
+        K.UNSAFE_CACHE,
+        K.CORRUPT_CHECKPOINT,
+        K.DISK_FULL,
+        K.DUPLICATE_WRITER,
+        K.UNSAFE_PATH,
+        K.INCOMPATIBLE_CHECKPOINT,
+        K.REPLAY_MISMATCH,
+    }
+)
 ESCALATING_CODES: dict[str, IncidentKind] = {
-    JobFileError.code: K.INVALID_REQUEST,
-    ResumePolicyError.code: K.RESUME_POLICY,
-    UnsafeCacheError.code: K.UNSAFE_CACHE,
-    NoUsableCheckpoint.code: K.CORRUPT_CHECKPOINT,
-    CheckpointDiskFull.code: K.DISK_FULL,
-    **dict.fromkeys({WriterLockedError.code, *_codes(WriterLockedError)}, K.DUPLICATE_WRITER),
-    **dict.fromkeys({UnsafePathError.code, *_codes(UnsafePathError)}, K.UNSAFE_PATH),
-    **dict.fromkeys(_codes(IncompatibleCheckpoint), K.INCOMPATIBLE_CHECKPOINT),
+    code: kind for code, kind in KINDS.items() if kind in ESCALATING_KINDS
 }
-ESCALATING_KINDS = frozenset({*ESCALATING_CODES.values(), K.REPLAY_MISMATCH})
+"""The worker refusals that escalate to a person, and the kind of incident each is."""
 
 
 @dataclass(frozen=True)
