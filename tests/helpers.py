@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import time
 from collections.abc import Callable
@@ -15,6 +14,7 @@ import numpy as np
 
 from jobwarden import files
 from jobwarden.checkpoint import format
+from jobwarden.control.harness import job_text, toml_value
 from jobwarden.events import Event, read_events
 from jobwarden.hashing import state_hash
 from jobwarden.worker.command import worker_argv
@@ -87,22 +87,9 @@ def run_worker(
     return AttemptResult(folder, status)
 
 
-def toml_value(value: Any) -> str:
-    """A Python value as TOML."""
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value)
-
-
 def job(path: Path, job_id: str = "job", task: str = "linreg", **sections: dict[str, Any]) -> Path:
     """Write a job file with the given sections (train, run, faults) and return its path."""
-    lines = [f'id = "{job_id}"', f'task = "{task}"']
-    for name, fields in sections.items():
-        lines.append(f"[{name}]")
-        lines += [f"{key} = {toml_value(value)}" for key, value in fields.items()]
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(job_text(job_id, task=task, **sections))
     return path
 
 

@@ -1,24 +1,42 @@
-"""The daemon a drill talks to: a given one, or a private one it starts and stops."""
+"""The daemon a drill talks to: a given one, or a private one it starts and stops.
+
+The private daemon is the package's harness (`jobwarden.control.harness.Wardend`), as the
+tests and benchmarks start theirs.  What a drill needs beyond it: it hands jobs over the
+control socket (``submit``: the daemon's answer names the problems of a refused job, which
+the drill's verdict shows), it may attach to an operator's daemon it neither starts nor
+stops, its waits end early once the run is abandoned, and its private daemon rescans at
+wardend's default interval with this interpreter first on its ``PATH``, logging to
+``OUT/wardend.stderr``.
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from jobwarden.control import client
+from jobwarden.control.harness import SETTLED_STATES, Wardend
 from jobwarden.errors import JobwardenError
 from jobwarden.protocol import ControlError
-from jobwarden.states import SETTLED
 
-# The states a drill waits for: the daemon will do nothing more for the job on its own.
-SETTLED_STATES = tuple(sorted(state.value for state in SETTLED))
+__all__ = [
+    "LAUNCHER_ENV",
+    "POLL_S",
+    "SETTLED_STATES",
+    "SUBMIT_TIMEOUT_S",
+    "DaemonHandle",
+    "DrillAbandoned",
+    "JobRejected",
+    "activated",
+    "daemon_for",
+]
+
 POLL_S = 0.05
 # A submit answers once the daemon's intake has taken the job in, which a busy intake delays.
 SUBMIT_TIMEOUT_S = 60.0
@@ -40,25 +58,28 @@ class JobRejected(JobwardenError):
     code = "drill.rejected"
 
 
-class DaemonHandle:
+class DaemonHandle(Wardend):
     """Talks to the daemon of one root, the way an operator would; ``private`` when the drill
     started that daemon itself."""
 
-    def __init__(self, root: Path, private: bool = False) -> None:
-        self.root = root
-        self.private = private
+    start_timeout_s = 30.0
+    wait_timeout_s = 300.0
+    stop_timeout_s = 120.0
+    poll_s = POLL_S
+
+    def __init__(self, root: Path, cache: Path | None = None, *extra: str, **options: Any) -> None:
+        super().__init__(root, cache, *extra, **options)
         self.abandoned = threading.Event()
 
-    def ask(self, cmd: str, **args: Any) -> Any:
-        """One control request."""
-        return client.request(self.root / "control.sock", cmd, **args)
+    @property
+    def private(self) -> bool:
+        """Whether the drill started this daemon, so that its slots are the drills' own."""
+        return self.proc is not None
 
     def submit(self, name: str, text: str) -> None:
         """Hand a job file to the daemon over its control socket (``submit``: the daemon drops
         it into its own spool and takes it in); raises `JobRejected` if it is refused."""
-        answer = client.request(
-            self.root / "control.sock", "submit", SUBMIT_TIMEOUT_S, name=name, content=text
-        )
+        answer = client.request(self.socket, "submit", SUBMIT_TIMEOUT_S, name=name, content=text)
         if not answer["accepted"]:
             raise JobRejected(
                 f"the daemon rejected {name}: " + "; ".join(answer["problems"]),
@@ -76,20 +97,21 @@ class DaemonHandle:
 
     def pause(self) -> None:
         """Wait one poll interval; raises `DrillAbandoned` once the run is given up."""
-        if self.abandoned.wait(POLL_S):
+        if self.abandoned.wait(self.poll_s):
             raise DrillAbandoned(f"the drills on {self.root} were abandoned")
 
     def wait(
-        self, job: str, states: tuple[str, ...] = SETTLED_STATES, timeout: float = 300
+        self, job: str, states: Collection[str] = SETTLED_STATES, timeout: float | None = None
     ) -> dict[str, Any]:
         """Poll until the job reaches one of ``states``; returns its status."""
-        deadline = time.monotonic() + timeout
+        limit = self.wait_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
             status = self.status(job)
             if status is not None and status["state"] in states:
                 return status
             self.pause()
-        raise TimeoutError(f"job {job} did not reach {states} within {timeout} s")
+        raise TimeoutError(f"job {job} did not reach {states} within {limit} s")
 
 
 def activated(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -122,29 +144,22 @@ def daemon_for(
         handle.ask("version")
         yield handle
         return
-    private.parent.mkdir(parents=True, exist_ok=True)
-    private.mkdir(mode=0o700, exist_ok=True)
-    argv = [sys.executable, "-m", "jobwarden.daemon", "--root", str(private)]
+    extra: list[str] = []
     if slots is not None:
-        argv += ["--max-concurrent", str(slots)]
-    if compile_cache is not None:
-        argv += ["--compile-cache", str(compile_cache)]
+        extra += ["--max-concurrent", str(slots)]
     if os.environ.get(LAUNCHER_ENV):
-        argv += ["--launcher", os.environ[LAUNCHER_ENV]]
-    with (private.parent / "wardend.stderr").open("wb") as stderr:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, env=activated())
-        handle = DaemonHandle(private, private=True)
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    handle.ask("version")
-                    break
-                except client.DaemonUnreachable:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise
-                    time.sleep(POLL_S)
-            yield handle
-        finally:
-            proc.terminate()
-            proc.wait(120)
+        extra += ["--launcher", os.environ[LAUNCHER_ENV]]
+    handle = DaemonHandle(
+        private,
+        compile_cache,
+        *extra,
+        rescan_interval=None,
+        stderr=private.parent / "wardend.stderr",
+        append_stderr=False,
+        env=activated(),
+    )
+    try:
+        handle.start()
+        yield handle
+    finally:
+        handle.stop()
