@@ -85,6 +85,7 @@ from jobwarden.checkpoint import format as ckformat
 from jobwarden.checkpoint.errors import CheckpointError
 from jobwarden.control import client
 from jobwarden.control.client import DaemonBusy, DaemonUnreachable
+from jobwarden.control.harness import job_text
 from jobwarden.errors import JobFileError
 from jobwarden.events import Event, Malformed, parse_line
 from jobwarden.jobfile import job_from_bytes
@@ -199,26 +200,6 @@ def mb(value: float | None) -> str:
 
 
 # ---- job files and references
-
-
-def toml_value(value: object) -> str:
-    """A Python scalar as TOML."""
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value)
-
-
-def job_text(job_id: str, checkpoint: str | None = None, **sections: dict[str, Any]) -> str:
-    """A linreg job file with the given sections."""
-    lines = [f'id = "{job_id}"', 'task = "linreg"']
-    if checkpoint:
-        lines.append(f'checkpoint = "{checkpoint}"')
-    for name, fields in sections.items():
-        lines.append(f"[{name}]")
-        lines += [f"{key} = {toml_value(value)}" for key, value in fields.items()]
-    return "\n".join(lines) + "\n"
 
 
 def private_dir(path: Path) -> Path:
