@@ -118,7 +118,7 @@ class Wardend:
                 self.stats.intake_rejected += 1
                 return
             self.stats.intake_accepted += 1
-            self.queue.append(self.table.adopt(taken.id).id)
+            self.queue.append(self.table.adopt(self.spool.adopted(taken)).id)
             self.schedule()
 
         self.intake_queue = Intake(self.spool, admit)

@@ -17,6 +17,7 @@ from jobwarden.control.drill.plan import FaultPoints
 from jobwarden.control.drill.plot import plot_loss
 from jobwarden.control.drill.verdict import Check
 from jobwarden.events import Event, read_events
+from jobwarden.jobfolder import EVENTS_FILE, attempt_folder
 from jobwarden.proof import verify
 
 
@@ -61,7 +62,7 @@ class Reference:
     def started(self) -> Event:
         """The reference's ``started`` event (its program's settings), once written; raises
         `DrillJobError` if the job settles without one, naming its state and evidence."""
-        events = self.handle.root / "jobs" / self.id / "attempts" / "1" / "events.jsonl"
+        events = attempt_folder(self.handle.root / "jobs" / self.id, 1) / EVENTS_FILE
         deadline = time.monotonic() + self.job.settle_s
         while time.monotonic() < deadline:
             found = read_events(events) if events.exists() else []
@@ -138,7 +139,7 @@ class Drill:
 
     def attempt_events(self, job: str, attempt: int) -> list[Event]:
         """Events of one attempt."""
-        path = self.folder(job) / "attempts" / str(attempt) / "events.jsonl"
+        path = attempt_folder(self.folder(job), attempt) / EVENTS_FILE
         return [e for e in read_events(path) if isinstance(e, Event)] if path.exists() else []
 
     def reference(self) -> tuple[str, dict[str, Any]]:

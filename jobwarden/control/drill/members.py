@@ -17,6 +17,7 @@ from typing import Any
 from jobwarden.control.drill.context import Drill
 from jobwarden.control.drill.verdict import Check
 from jobwarden.events import Event, read_events
+from jobwarden.jobfolder import EVENTS_FILE, attempt_folder
 
 DRILLED_MEMBER = 1
 """The member a drill of several processes fails or hangs: not member 0, which holds the
@@ -38,7 +39,7 @@ def drilled(drill: Drill) -> int:
 def events_file(index: int) -> str:
     """Member ``index``'s event log in an attempt folder, as the daemon names it: member 0's
     is ``events.jsonl``, member i's ``events.<i>.jsonl``."""
-    return "events.jsonl" if index == 0 else f"events.{index}.jsonl"
+    return EVENTS_FILE if index == 0 else f"events.{index}.jsonl"
 
 
 def member_events(
@@ -57,7 +58,7 @@ def member_events(
 
 def members_record(drill: Drill, job: str, attempt: int) -> dict[str, Any]:
     """The ``members.json`` the daemon kept for one attempt of the job; empty when none."""
-    path = drill.folder(job) / "attempts" / str(attempt) / "members.json"
+    path = attempt_folder(drill.folder(job), attempt) / "members.json"
     try:
         loaded: dict[str, Any] = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -139,7 +140,7 @@ def stall_checks(drill: Drill, job: str, incident: dict[str, Any]) -> list[Check
     if drill.job.processes == 1:
         return []
     details = incident.get("details", {})
-    folder = drill.folder(job) / "attempts" / "1"
+    folder = attempt_folder(drill.folder(job), 1)
     stacks = {}
     for index in range(drill.job.processes):
         path = folder / ("stderr.log" if index == 0 else f"stderr.{index}.log")

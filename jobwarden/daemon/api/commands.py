@@ -95,7 +95,7 @@ def events(daemon: View, args: dict[str, Any]) -> Any:
     offset = int_arg(args, "offset", 0, 0)
     lines: list[dict[str, Any]] = []
     while attempt <= record.attempt and len(lines) < EVENTS_PER_REQUEST:
-        folder = daemon.root.job(record.id) / "attempts" / str(attempt)
+        folder = daemon.root.attempt(record.id, attempt)
         data = _read_from(folder / stdout_name(record.job), offset)
         complete = data[: data.rfind(b"\n") + 1]
         for raw in complete.split(b"\n")[:-1][: EVENTS_PER_REQUEST - len(lines)]:

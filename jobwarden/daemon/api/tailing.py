@@ -25,6 +25,7 @@ from jobwarden.daemon.api.arguments import int_arg, job_record
 from jobwarden.daemon.background import off_loop
 from jobwarden.daemon.supervise.attempt import output_entry, stdout_name
 from jobwarden.decoding import loads_json
+from jobwarden.jobfolder import attempt_folder
 from jobwarden.protocol import MAX_INT, ControlError
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ class Snapshot:
 
     def attempt_file(self, attempt: int, name: str) -> Path:
         """A file of one attempt's folder."""
-        return self.folder / "attempts" / str(attempt) / name
+        return attempt_folder(self.folder, attempt) / name
 
     def is_mine(self, raw: bytes) -> bool:
         """Whether a daemon log line is about this job (cheap test first, then exact)."""

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from jobwarden.events import Event, parse_lines
+from jobwarden.jobfolder import ATTEMPTS, EVENTS_FILE, JOB_FILE
 
 BUCKETS = ("queue", "backoff", "startup", "restore", "replay", "checkpoint", "stall", "other")
 KEPT = frozenset({"started", "restored", "ready", "progress", "checkpoint", "completed"})
@@ -225,7 +226,7 @@ class JobTraces:
 
     def traces(self, job_folder: Path) -> list[Trace]:
         """The job's attempts in order (an unreadable attempt folder is skipped)."""
-        attempts = job_folder / "attempts"
+        attempts = job_folder / ATTEMPTS
         try:
             numbers = sorted(int(p.name) for p in attempts.iterdir() if p.name.isdigit())
         except OSError:
@@ -238,7 +239,7 @@ class JobTraces:
         return found
 
     def _trace(self, folder: Path, number: int) -> Trace | None:
-        events, exit_file = folder / "events.jsonl", folder / "exit.json"
+        events, exit_file = folder / EVENTS_FILE, folder / "exit.json"
         try:
             stat = events.stat()
             key = (stat.st_ino, stat.st_size, exit_file.exists())
@@ -273,7 +274,7 @@ def _launch_and_end(folder: Path, marks: Sequence[Mark]) -> tuple[float, float |
     except (OSError, ValueError, KeyError, TypeError):
         pass
     try:
-        launched = (folder / "job.json").stat().st_mtime
+        launched = (folder / JOB_FILE).stat().st_mtime
     except OSError:
         launched = marks[0].time if marks else 0.0
     return launched, None, None

@@ -186,9 +186,16 @@ class Spool:
         self.known = known
         self._stamp = 0
         self._next_suffix: dict[str, int] = {}
+        self.accepted: dict[str, jobs.JobRecord] = {}
+        """The record of each job `take` made durable, until the loop adopts it (`adopted`):
+        the job goes on in memory as it was validated, never read back from its folder."""
         self.rejected = count_rejected(root)
         """Error files in spool/rejected: counted once here, then kept by `_reject` (the loop
         only reads it)."""
+
+    def adopted(self, job: Job) -> jobs.JobRecord:
+        """The record `take` made for ``job``, handed over once (on the loop, once durable)."""
+        return self.accepted.pop(job.id)
 
     def take(self, path: Path) -> Job | Rejection | None:
         """Claim ``path`` and validate it; its job folder or its rejection is durable on return.
@@ -223,7 +230,7 @@ class Spool:
         if verdict is not None:
             job, raw = verdict
             try:
-                jobs.create_folder(
+                record = jobs.create_folder(
                     self.root,
                     job,
                     raw,
@@ -234,6 +241,7 @@ class Spool:
             except UnsafePathError as error:  # a link at its staging folder: refused, kept
                 return self._reject(claimed, name, [f"unsafe path: {error.message}"])
             claimed.unlink()
+            self.accepted[job.id] = record
             return job
         if problems == [ALREADY_ACCEPTED]:
             claimed.unlink()

@@ -29,13 +29,12 @@ from jobwarden.daemon.config import LaunchSettings
 from jobwarden.daemon.store.evidence import EvidenceFile
 from jobwarden.errors import JobwardenError
 from jobwarden.events import Event, Malformed, parse_line
+from jobwarden.jobfile import Job
+from jobwarden.jobfolder import EVENTS_FILE
+from jobwarden.worker.command import WorkerCall
 
 log = structlog.get_logger("wardend.launcher")
 LINE_LIMIT = 1 << 20
-EVENTS_FILE = "events.jsonl"
-"""Where an attempt's stdout is kept when it carries jobwarden events."""
-OUTPUT_FILE = "output.log"
-"""... and where it is kept for a plain program, whose stdout is its own output."""
 ATTEMPT_ENV = "JOBWARDEN_ATTEMPT_FOLDER"
 """Set in each local worker's environment to its attempt folder: how a restarted daemon
 finds a worker whose pid it never saved (`Launcher.find_orphans`)."""
@@ -64,6 +63,10 @@ class LaunchSpec:
     processes: int = 1
     stdout: str = EVENTS_FILE
     """The file in ``folder`` that keeps every byte of stdout (`EVENTS_FILE`, `OUTPUT_FILE`)."""
+    job: Job | None = None
+    """The validated job this attempt runs, as the daemon holds it (never parsed again)."""
+    worker: WorkerCall | None = None
+    """The built-in worker's call when ``argv`` is it (`WorkerCall.argv`); None for a program."""
 
 
 @dataclass(frozen=True)

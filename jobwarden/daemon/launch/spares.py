@@ -1,9 +1,9 @@
 """Warm spares: one pre-started worker per task and runtime, handed the next attempt.
 
-A built-in task job's attempt (`jobwarden.worker.command.worker_argv`, one
-process, no workdir of its own) is matched to a *key*: the task, its training
-fields, the worker's interpreter, compile cache and environment.  The first
-attempt of a key starts cold and, beside it, a spare
+A built-in task job's attempt (its `LaunchSpec.worker` call, built once from
+the job the daemon holds; one process, no workdir of its own) is matched to a
+*key*: the task, its training fields, the worker's interpreter, compile cache
+and environment.  The first attempt of a key starts cold and, beside it, a spare
 (``python -m jobwarden.worker.spare``, `jobwarden.worker.spare`): JAX imported,
 the task's data built, its update compiled, no lock held, nothing written to
 any checkpoint directory.  The next attempt of that key (a recovery, or another
@@ -34,13 +34,12 @@ import structlog
 from jobwarden.daemon.background import Background
 from jobwarden.daemon.launch.base import ATTEMPT_ENV, LINE_LIMIT, LaunchSpec, RunningAttempt
 from jobwarden.daemon.store.evidence import open_evidence
-from jobwarden.errors import JobwardenError
-from jobwarden.jobfile import load_job
+from jobwarden.jobfolder import STDERR_FILE
 from jobwarden.runtime import SUPERVISOR_ENV
+from jobwarden.worker.command import WorkerCall
 
 log = structlog.get_logger("wardend.spare")
 
-WORKER_MODULE = ("-P", "-m", "jobwarden.worker")
 IDLE_S = 60.0
 """A spare whose key had no live attempt for this long is retired."""
 REPLACE_AFTER_S = 0.5
@@ -52,49 +51,15 @@ Spawn = Callable[[LaunchSpec, str], Awaitable[RunningAttempt]]
 Adopt = Callable[[LaunchSpec, asyncio.subprocess.Process], RunningAttempt]
 
 
-@dataclass(frozen=True)
-class WorkerCall:
-    """The built-in worker's command line, parsed back (`worker_argv`)."""
-
-    python: str
-    job: Path
-    options: dict[str, str]
-
-    @classmethod
-    def parse(cls, spec: LaunchSpec) -> WorkerCall | None:
-        """The worker call of ``spec``; None for anything a spare cannot run."""
-        argv = spec.argv
-        if spec.processes != 1 or spec.cwd is not None or tuple(argv[1:4]) != WORKER_MODULE:
-            return None
-        rest = argv[4:]
-        if len(rest) % 2 or not all(name.startswith("--") for name in rest[::2]):
-            return None
-        options = dict(zip(rest[::2], rest[1::2], strict=True))
-        if "--job" not in options or "--checkpoint-dir" not in options:
-            return None
-        return cls(argv[0], Path(options["--job"]), options)
-
-    def key(self, env: dict[str, str]) -> str | None:
-        """What a spare must share with this attempt to run it; None for a command job."""
-        try:
-            job = load_job(self.job)
-        except (JobwardenError, OSError):
-            return None
-        if job.task is None:
-            return None
-        cache = self.options.get("--compile-cache")
-        return json.dumps([job.task, job.train_fields(), self.python, cache, sorted(env.items())])
-
-    def handoff(self, stderr: Path) -> bytes:
-        """The line that hands the attempt to a spare."""
-        message = {
-            "job": str(self.job),
-            "checkpoint_dir": self.options["--checkpoint-dir"],
-            "compile_cache": self.options.get("--compile-cache"),
-            "signing_key": self.options.get("--signing-key"),
-            "stderr": str(stderr),
-        }
-        return json.dumps(message).encode() + b"\n"
+def spare_key(spec: LaunchSpec) -> str | None:
+    """What a spare must share with ``spec``'s attempt to run it: the task, its training
+    fields, the interpreter, compile cache and environment; None for anything a spare
+    cannot run (a command job, several processes, a workdir of its own)."""
+    call, job = spec.worker, spec.job
+    if call is None or job is None or job.task is None or spec.processes != 1 or spec.cwd:
+        return None
+    cache = str(call.cache) if call.cache is not None else None
+    return json.dumps([job.task, job.train_fields(), call.python, cache, sorted(spec.env.items())])
 
 
 @dataclass
@@ -136,13 +101,12 @@ class SparePool:
     async def start(self, spec: LaunchSpec, spawn: Spawn, adopt: Adopt) -> RunningAttempt:
         """Start ``spec``'s attempt: on this key's spare when one is ready, else cold (``spawn``);
         either way a spare of the key is (re)started in the background."""
-        call = WorkerCall.parse(spec)
-        key = call.key(spec.env) if call is not None else None
-        if call is None or key is None:
-            return await spawn(spec, "stderr.log")
+        key, call = spare_key(spec), spec.worker
+        if key is None or call is None:
+            return await spawn(spec, STDERR_FILE)
         attempt = await self._hand(key, call, spec, adopt)
         if attempt is None:
-            attempt = await spawn(spec, "stderr.log")
+            attempt = await spawn(spec, STDERR_FILE)
             self._background.spawn(self._ensure(key, call, spec, 0.0))
         else:
             self._background.spawn(self._ensure(key, call, spec, REPLACE_AFTER_S))
@@ -157,10 +121,10 @@ class SparePool:
             return None
         del self.spares[key]
         spec.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        stderr = spec.folder / "stderr.log"
+        stderr = spec.folder / STDERR_FILE
         open_evidence(stderr).close()  # created here as the daemon creates it: never a link
         try:
-            spare.proc.stdin.write(call.handoff(stderr))
+            spare.proc.stdin.write(json.dumps(call.handoff(stderr)).encode() + b"\n")
             await spare.proc.stdin.drain()
             spare.proc.stdin.close()
         except (BrokenPipeError, ConnectionResetError) as error:
@@ -181,11 +145,9 @@ class SparePool:
             return
         folder = spec.folder.parent.parent / "spares" / str(time.time_ns())
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        argv = [call.python, "-P", "-m", "jobwarden.worker.spare", "--job", str(call.job)]
-        if "--compile-cache" in call.options:
-            argv += ["--compile-cache", call.options["--compile-cache"]]
+        argv = call.spare_argv()
         env = {**spec.env, SUPERVISOR_ENV: str(os.getpid()), ATTEMPT_ENV: str(folder)}
-        with open_evidence(folder / "stderr.log") as stderr:
+        with open_evidence(folder / STDERR_FILE) as stderr:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.PIPE,

@@ -149,9 +149,9 @@ class JobTable:
         log.info("job.queued", job=job.id, task=job.task, checkpoint=job.checkpoint)
         return record
 
-    def adopt(self, job_id: str) -> JobRecord:
-        """Register a job whose folder `create_folder` has just made durable, as it was saved."""
-        record = read_folder(self.root.job(job_id))
+    def adopt(self, record: JobRecord) -> JobRecord:
+        """Register a job whose folder `create_folder` has just made durable (its record as
+        saved, held in memory: nothing is read back)."""
         self.records[record.id] = record
         self.version += 1
         log.info("job.queued", job=record.id, task=record.job.task, checkpoint=record.checkpoint)
@@ -280,8 +280,9 @@ def _write_new(path: Path, data: bytes) -> None:
 
 def create_folder(
     root: Root, job: Job, request: bytes, suffix: str, *, claim: str, request_name: str
-) -> None:
-    """Make ``jobs/<id>/`` durable in one step, holding the request as taken (our own copy).
+) -> JobRecord:
+    """Make ``jobs/<id>/`` durable in one step, holding the request as taken (our own copy);
+    returns the record it saved.
 
     Raises OSError (the staging folder is left for the next attempt or start
     to discard) or FileExistsError if the job folder appeared meanwhile.
@@ -307,6 +308,7 @@ def create_folder(
         raise FileExistsError(f"job folder {target} appeared while {staging} was built")
     os.rename(staging, target)
     fsync_dir(root.jobs)
+    return record
 
 
 def holds_request(folder: Path, claimed: Path) -> bool:

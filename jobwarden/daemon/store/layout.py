@@ -27,6 +27,7 @@ from jobwarden.daemon.store import rootcheck
 from jobwarden.daemon.store.rootcheck import RootUnsafeError
 from jobwarden.errors import JobwardenError
 from jobwarden.files import Directory, UnsafePathError
+from jobwarden.jobfolder import attempt_folder
 
 __all__ = ["Root", "RootLockedError", "RootUnsafeError"]
 
@@ -97,6 +98,10 @@ class Root:
     def job(self, job_id: str) -> Path:
         """The folder of one job."""
         return self.jobs / job_id
+
+    def attempt(self, job_id: str, number: int) -> Path:
+        """The evidence folder of one attempt of a job (`jobfolder.attempt_folder`)."""
+        return attempt_folder(self.jobs / job_id, number)
 
     @property
     def lock_file(self) -> Path:

@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING
 import structlog
 
 from jobwarden.daemon.incidents.records import Incident
-from jobwarden.daemon.launch.base import EVENTS_FILE, LaunchSpec, RunningAttempt
+from jobwarden.daemon.launch.base import LaunchSpec, RunningAttempt
 from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.supervise.attempt import stdout_name
 from jobwarden.daemon.supervise.verification import ReplayVerifier
+from jobwarden.jobfolder import EVENTS_FILE
 from jobwarden.proof.replay import ReplayPlan
 from jobwarden.states import JobState
 
@@ -44,8 +45,7 @@ async def adopt(
 ) -> tuple[RunningAttempt, ReplayVerifier | None] | None:
     """The job's last attempt, followed again, and its recovery's verifier if it was one;
     None when there is nothing to adopt (the caller recovers by a new attempt)."""
-    attempts = s.root.job(record.id) / "attempts"
-    folder = attempts / str(record.attempt)
+    folder = s.root.attempt(record.id, record.attempt)
     if record.state not in ADOPTABLE or record.attempt < 1 or (folder / EXIT_FILE).exists():
         return None
     job = record.job if record.attempt == 1 else record.job.without_faults()
@@ -57,6 +57,7 @@ async def adopt(
         {},
         processes=job.run.processes,
         stdout=stdout_name(job),
+        job=job,
     )
     running = await s.launcher.adopt(spec)
     if running is None:
@@ -65,7 +66,7 @@ async def adopt(
     carried = [i for i in left_open if i.attempt == failed and failed >= 1]
     verifier = None
     if carried:
-        plan = ReplayPlan.from_events(failed, attempts / str(failed) / EVENTS_FILE)
+        plan = ReplayPlan.from_events(failed, s.root.attempt(record.id, failed) / EVENTS_FILE)
         verifier = ReplayVerifier(plan, carried[0])
     rest = [i for i in left_open if i not in carried[:1]]
     s.incidents.interrupt(rest, f"attempt {record.attempt} was re-adopted")

@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from jobwarden.daemon.incidents.records import Incident
-from jobwarden.daemon.launch.base import EVENTS_FILE, OUTPUT_FILE, LaunchSpec, RunningAttempt
+from jobwarden.daemon.launch.base import LaunchSpec, RunningAttempt
 from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.store.layout import Root
 from jobwarden.daemon.supervise.heartbeat import Heartbeat
@@ -29,10 +29,11 @@ from jobwarden.daemon.supervise.verification import ReplayVerifier
 from jobwarden.events import Event
 from jobwarden.files import write_text_atomic
 from jobwarden.jobfile import Job
+from jobwarden.jobfolder import EVENTS_FILE, JOB_FILE, OUTPUT_FILE
 from jobwarden.program import Program
 from jobwarden.proof.replay import Verdict
 from jobwarden.sdk.settings import RUN_FILE_ENV, RunFile
-from jobwarden.worker.command import worker_argv
+from jobwarden.worker.command import WorkerCall
 
 CPU_MARK_EVERY_S = 0.5
 RUN_FILE = "run.json"
@@ -43,19 +44,25 @@ def prepare(
 ) -> LaunchSpec:
     """Write the attempt's folder and job file (faults only in the first attempt), and the
     launch spec: the worker on them, or the job's own program and its run file."""
-    attempts = root.job(record.id) / "attempts"
-    attempts.mkdir(mode=0o700, exist_ok=True)
-    folder = attempts / str(record.attempt)
+    folder = root.attempt(record.id, record.attempt)
+    folder.parent.mkdir(mode=0o700, exist_ok=True)
     folder.mkdir(mode=0o700, exist_ok=True)
     job = record.job if record.attempt == 1 else record.job.without_faults()
-    job_file = folder / "job.json"
+    job_file = folder / JOB_FILE
     write_text_atomic(job_file, json.dumps(job.to_record(), indent=2) + "\n")
     checkpoint_dir = root.checkpoints / record.checkpoint
     program = job.program
     if program is None:
-        argv = worker_argv(job_file, checkpoint_dir, cache, signing_key)
+        call = WorkerCall(job_file, checkpoint_dir, cache, signing_key)
         return LaunchSpec(
-            record.id, record.attempt, folder, argv, dict(env), processes=job.run.processes
+            record.id,
+            record.attempt,
+            folder,
+            call.argv(),
+            dict(env),
+            processes=job.run.processes,
+            job=job,
+            worker=call,
         )
     if not program.sdk:  # the SDK makes its own, private; a plain program finds it made
         checkpoint_dir.mkdir(mode=0o700, exist_ok=True)
@@ -70,6 +77,7 @@ def prepare(
         cwd=Path(program.workdir) if program.workdir is not None else folder,
         stdout=stdout_name(job),
         processes=job.run.processes,
+        job=job,
     )
 
 
@@ -130,6 +138,8 @@ class Attempt:
     stall_evidence: dict[str, Any] | None = None
     heartbeat: Heartbeat | None = None
     """A plain program's heartbeat watch (None for a job that emits events)."""
+    sample: dict[str, Any] = field(default_factory=dict)
+    """The newest psutil sample of the attempt (the job record's is cleared when it ends)."""
 
     @property
     def folder(self) -> Path:

@@ -15,7 +15,7 @@ from typing import Any
 
 from jobwarden.checkpoint.store import CheckpointStore
 from jobwarden.daemon.incidents.records import Incident
-from jobwarden.daemon.launch.base import EVENTS_FILE, OUTPUT_FILE, ExitInfo
+from jobwarden.daemon.launch.base import ExitInfo
 from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.store.layout import Root
 from jobwarden.daemon.supervise import plain
@@ -25,6 +25,7 @@ from jobwarden.daemon.supervise.stall import StallPhase
 from jobwarden.daemon.supervise.stallevidence import STALL_KILL_GRACE_S
 from jobwarden.daemon.supervise.verification import ReplayVerifier
 from jobwarden.events import Event
+from jobwarden.jobfolder import EVENTS_FILE, OUTPUT_FILE
 from jobwarden.proof.replay import ReplayPlan
 from jobwarden.states import JobState
 
@@ -156,7 +157,7 @@ def symptom(attempt: Attempt, info: ExitInfo, kind: IncidentKind) -> str:
             f"It was stopped (SIGTERM, {STALL_KILL_GRACE_S:g} s grace, SIGKILL)."
         )
     if kind is K.RSS_LIMIT:
-        rss = (record.sample or {}).get("rss_mb")
+        rss = attempt.sample.get("rss_mb")
         return (
             f"Attempt {attempt.number} of job {record.id} ({record.job.label()}) was stopped "
             f"by the daemon after {info.duration_s:.2f} s: its resident memory, {rss} MB, "

@@ -23,6 +23,7 @@ from jobwarden.daemon.supervise.heartbeat import Heartbeat
 from jobwarden.daemon.supervise.policy import IncidentKind, StopReason
 from jobwarden.daemon.supervise.verification import ReplayVerifier
 from jobwarden.files import UnsafePathError
+from jobwarden.jobfolder import EVENTS_FILE
 from jobwarden.proof.replay import ReplayPlan, Verdict
 from jobwarden.states import TRANSITIONS, JobState
 
@@ -115,8 +116,8 @@ def restarted(
 ) -> ReplayVerifier:
     """The daemon restarted while the job was active: the incidents an earlier daemon left
     open are concluded, a ``daemon_restart`` incident opened, and the job is recovering."""
-    folder = s.root.job(record.id) / "attempts" / str(record.attempt)
-    plan = ReplayPlan.from_events(record.attempt, folder / "events.jsonl")
+    folder = s.root.attempt(record.id, record.attempt)
+    plan = ReplayPlan.from_events(record.attempt, folder / EVENTS_FILE)
     number = len(record.incidents) + 1
     incident = diagnosis.restart_incident(record, plan, folder, previous, number)
     s.incidents.interrupt(left_open, f"incident {incident.id} carries the recovery on")

@@ -35,6 +35,7 @@ from jobwarden.daemon.supervise.stall import StallPhase, StallWatch
 from jobwarden.daemon.supervise.verification import ReplayVerifier
 from jobwarden.events import Event, Malformed
 from jobwarden.files import UnsafePathError
+from jobwarden.jobfolder import EVENTS_FILE
 from jobwarden.proof.replay import ReplayPlan
 from jobwarden.states import JobState
 
@@ -247,8 +248,7 @@ class JobSupervisor:
         attempt = self.attempt
         if attempt is None:
             return
-        sample = attempt.running.sample()
-        self.record.sample = sample
+        sample = attempt.sample = self.record.sample = attempt.running.sample()
         limit = self.record.job.supervision.max_rss_mb
         if policy.over_memory_limit(sample.get("rss_mb"), limit) and attempt.stopping(
             StopReason.RSS
@@ -301,7 +301,7 @@ class JobSupervisor:
         if attempt.heartbeat is not None:
             attempt.heartbeat.cancel()
         self.attempt = None
-        record.pid = None
+        record.pid, record.sample = None, {}  # the attempt keeps its last sample as evidence
         exit_record = {**info.as_record(), "stopped_by": attempt.stop_reason, "ended": time.time()}
         if self.refusal is not None:
             exit_record["stopped_by"] = f"unsafe path {self.refusal.path}"
@@ -336,7 +336,7 @@ class JobSupervisor:
             case policy.Restart() if attempt and info:
                 self.streak = outcome.streak
                 incident = outcomes.failure(s, record, outcome, attempt, info)
-                plan = ReplayPlan.from_events(attempt.number, attempt.folder / "events.jsonl")
+                plan = ReplayPlan.from_events(attempt.number, attempt.folder / EVENTS_FILE)
                 self._restart_later(ReplayVerifier(plan, incident), outcome.delay_s)
                 return
             case policy.Escalate() | policy.Fail() if attempt and info:
