@@ -24,6 +24,7 @@ from typing import Any
 import structlog
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from jobwarden.daemon.background import off_loop
 from jobwarden.daemon.config import MetricsSettings
 from jobwarden.daemon.store.evidence import describe
 from jobwarden.errors import JobwardenError
@@ -179,7 +180,7 @@ class Exporter:
         while True:
             text = self.refresh()
             if self.textfile is not None:
-                await asyncio.to_thread(self.write_textfile, text)
+                await off_loop(self.write_textfile, text)
             await asyncio.sleep(self.interval_s)
 
     def write_textfile(self, text: str) -> None:

@@ -7,13 +7,13 @@ in the state its outcome names.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import structlog
 
+from jobwarden.daemon.background import off_loop
 from jobwarden.daemon.incidents.records import Incident
 from jobwarden.daemon.launch.base import ExitInfo
 from jobwarden.daemon.store.jobs import JobRecord
@@ -102,7 +102,7 @@ async def wait_orphans(s: Services, record: JobRecord) -> int | None:
     """After the daemon's restart, return once no worker it started for the job lives: the
     pid it saved and any process `Launcher.find_orphans` finds by the job's folder (one
     whose pid was never saved: the daemon died in between).  Returns the first such pid."""
-    found = await asyncio.to_thread(s.launcher.find_orphans, s.root.job(record.id))
+    found = await off_loop(s.launcher.find_orphans, s.root.job(record.id))
     if record.pid is not None:
         found.insert(0, (record.pid, record.pid_started))
     for pid, started in found:
