@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from jobwarden.daemon.incidents.records import IncidentLog
     from jobwarden.daemon.intake.queue import Intake
     from jobwarden.daemon.intake.spool import Spool
-    from jobwarden.daemon.observe.hooks import Notifications
     from jobwarden.daemon.stats import Stats
     from jobwarden.daemon.store.jobs import JobRecord, JobTable
     from jobwarden.daemon.store.layout import Root
@@ -72,9 +71,8 @@ class View(Protocol):
     def intake_queue(self) -> Intake:
         """Where a submitted request is taken in."""
 
-    @property
-    def hooks(self) -> Notifications:
-        """The notification sinks and their delivery counts."""
+    def notifications_delivered(self) -> dict[str, int]:
+        """Hook and webhook events sent, dropped and overflowed since the daemon started."""
 
     def is_live(self, job_id: str) -> bool:
         """Whether the job has an attempt running now."""

@@ -233,6 +233,10 @@ class Wardend:
         supervisor = self.supervisors.get(record.id)
         return supervisor.stop() if supervisor is not None else None
 
+    def notifications_delivered(self) -> dict[str, int]:
+        """Hook and webhook events sent, dropped and overflowed since the daemon started."""
+        return self.hooks.counts()
+
     def resume_job(self, record: JobRecord) -> dict[str, Any]:
         """Queue a preempted, failed or escalated job again, after a person has decided."""
         record.restarts = 0

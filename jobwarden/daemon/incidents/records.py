@@ -27,7 +27,7 @@ from jobwarden.daemon.incidents import goodput
 from jobwarden.daemon.store.evidence import describe
 from jobwarden.daemon.store.layout import Root
 from jobwarden.daemon.store.rootcheck import PRIVATE_FILE, RootUnsafeError, open_private
-from jobwarden.daemon.supervise.policy import IncidentKind
+from jobwarden.errors import IncidentKind
 
 if TYPE_CHECKING:
     from jobwarden.daemon.store.jobs import JobRecord

@@ -96,7 +96,7 @@ class WardendCollector:
             "Notifications by outcome: sent, dropped after their tries, overflowed a full queue.",
             labels=["outcome"],
         )
-        for outcome, count in daemon.hooks.counts().items():
+        for outcome, count in daemon.notifications_delivered().items():
             notifications.add_metric([outcome], count)
         yield notifications
         yield from goodput_metrics(daemon, records)

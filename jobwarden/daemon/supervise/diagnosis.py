@@ -20,10 +20,10 @@ from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.store.layout import Root
 from jobwarden.daemon.supervise import plain
 from jobwarden.daemon.supervise.attempt import Attempt
-from jobwarden.daemon.supervise.policy import IncidentKind
 from jobwarden.daemon.supervise.stall import StallPhase
 from jobwarden.daemon.supervise.stallevidence import STALL_KILL_GRACE_S
 from jobwarden.daemon.supervise.verification import ReplayVerifier
+from jobwarden.errors import IncidentKind
 from jobwarden.events import Event
 from jobwarden.jobfolder import EVENTS_FILE, OUTPUT_FILE
 from jobwarden.proof.replay import ReplayPlan

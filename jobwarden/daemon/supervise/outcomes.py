@@ -20,8 +20,9 @@ from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.supervise import diagnosis, plain, policy
 from jobwarden.daemon.supervise.attempt import Attempt
 from jobwarden.daemon.supervise.heartbeat import Heartbeat
-from jobwarden.daemon.supervise.policy import IncidentKind, StopReason
+from jobwarden.daemon.supervise.policy import StopReason
 from jobwarden.daemon.supervise.verification import ReplayVerifier
+from jobwarden.errors import IncidentKind
 from jobwarden.files import UnsafePathError
 from jobwarden.jobfolder import EVENTS_FILE
 from jobwarden.proof.replay import ReplayPlan, Verdict

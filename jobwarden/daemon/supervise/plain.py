@@ -13,8 +13,8 @@ from typing import Any
 from jobwarden.daemon.incidents.records import Incident
 from jobwarden.daemon.launch.base import ExitInfo
 from jobwarden.daemon.supervise.attempt import Attempt
-from jobwarden.daemon.supervise.policy import IncidentKind
 from jobwarden.daemon.supervise.stallevidence import STALL_KILL_GRACE_S
+from jobwarden.errors import IncidentKind
 
 K = IncidentKind
 

@@ -29,10 +29,11 @@ from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.supervise import adoption, diagnosis, outcomes, policy
 from jobwarden.daemon.supervise import stallevidence as stalled
 from jobwarden.daemon.supervise.attempt import Attempt, prepare
-from jobwarden.daemon.supervise.policy import IncidentKind, Outcome, StopReason
+from jobwarden.daemon.supervise.policy import Outcome, StopReason
 from jobwarden.daemon.supervise.services import Services
 from jobwarden.daemon.supervise.stall import StallPhase, StallWatch
 from jobwarden.daemon.supervise.verification import ReplayVerifier
+from jobwarden.errors import IncidentKind
 from jobwarden.events import Event, Malformed
 from jobwarden.files import UnsafePathError
 from jobwarden.jobfolder import EVENTS_FILE
