@@ -711,3 +711,81 @@ def test_an_outcome_without_the_attempt_it_needs_is_refused(tmp_path: Path) -> N
         assert (record.state, rig.settled) == (S.QUEUED, [])
 
     play(tmp_path, scenario)
+
+
+# ---- defects found, pinned until fixed
+
+
+SETTLED_WITH_AN_OPEN_INCIDENT = (
+    "Preempted and a refused launch settle the job without concluding the incident whose "
+    "recovery was under way (outcomes.preempt and supervisor._settle_as leave the pending "
+    "verifier's incident open): it stays 'open' while the daemon runs, no later attempt "
+    "carries its verification on, and the next start concludes it 'interrupted' as if the "
+    "daemon had been killed."
+)
+
+
+@pytest.mark.xfail(strict=True, reason=SETTLED_WITH_AN_OPEN_INCIDENT)
+@pytest.mark.parametrize("how", ["operator stop", "launch refused"])
+def test_a_job_that_settles_during_a_recovery_leaves_no_incident_open(
+    tmp_path: Path, how: str
+) -> None:
+    """Once the job rests, none of its incidents is still open: the one whose recovery was
+    cut short by a stop, or by a launch refusal, is concluded."""
+
+    async def scenario(rig: Rig) -> None:
+        record = rig.submit("cut")
+        work = rig.worker(record)
+        crash = [*work.start(), *work.updates(1, 5), Exit(1)]
+        if how == "operator stop":
+            rig.launcher.plan("cut", crash, [*work.start(4), Hang()])
+        else:
+            rig.launcher.plan("cut", crash, Refuse(LauncherError("the node is gone")))
+        supervisor = await rig.launched(record)
+        if how == "operator stop":
+            await (await rig.launcher.attempt("cut", 2)).reached()
+            supervisor.stop()
+        await rig.until_settled("cut")
+        assert record.state in (S.PREEMPTED, S.FAILED)
+        assert [i["status"] for i in rig.incident_records("cut") if i["status"] == "open"] == []
+
+    play(tmp_path, scenario)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "A stop that arrives while a stall is being handled (stack dump, then SIGTERM and the "
+        "grace) is answered {'stopping': True}, but the attempt's stop reason stays 'stall' "
+        "(Attempt.stopping refuses a second reason), so the policy restarts the job instead "
+        "of preempting it: the operator's stop is lost without a word."
+    ),
+)
+def test_a_stop_during_a_stall_preempts_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator stop answered 'stopping' leaves the job preempted, even when it arrives
+    while the daemon is stopping a stalled attempt."""
+    monkeypatch.setattr(stallevidence, "STALL_KILL_GRACE_S", 5.0)
+
+    async def scenario(rig: Rig) -> None:
+        record = rig.submit("raced", supervision={"stop_grace_s": 0.01})
+        work = rig.worker(record)
+        stuck = Script((*work.start(), *work.updates(1, 3), Hang()), on_term="ignore")
+        rig.launcher.plan("raced", stuck, [*work.start(2), Hang()])
+        supervisor = await rig.launched(record)
+        first = rig.launcher.attempts[0]
+        await first.reached()
+        rig.clock.advance(5.0)
+        await rig.until(lambda: "SIGTERM" in first.received)
+        assert supervisor.stop() == {
+            "job": "raced",
+            "stopping": True,
+            "pid": first.pid,
+            "grace_s": 0.01,
+        }
+        await rig.until(lambda: first.exit is not None and supervisor.attempt is not first)
+        await rig.until(lambda: record.state is not S.STALLED)
+        assert record.state is S.PREEMPTED
+
+    play(tmp_path, scenario)
