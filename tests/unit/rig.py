@@ -42,7 +42,7 @@ from jobwarden.daemon.supervise.services import Services, Supervising
 from jobwarden.daemon.supervise.supervisor import JobSupervisor
 from jobwarden.jobfile import Job, job_from_bytes
 from jobwarden.states import JobState
-from tests.scripted import ScriptedLauncher, Worker
+from tests.scripted import Hang, ScriptedAttempt, ScriptedLauncher, Worker
 from tests.unit.clock import MockClock
 
 T = TypeVar("T")
@@ -52,6 +52,20 @@ FAILURES = frozenset({"supervisor.handler_failed", "lifecycle.task_failed"})
 """Logged errors that mean a defect, never a job's fault."""
 FAST_SUPERVISION: dict[str, Any] = {"startup_timeout_s": 30.0, "stall_timeout_s": 5.0}
 """Deadlines the tests reach by advancing the clock."""
+S = JobState
+PATHS: dict[JobState, tuple[JobState, ...]] = {
+    S.QUEUED: (),
+    S.STARTING: (S.STARTING,),
+    S.RUNNING: (S.STARTING, S.RUNNING),
+    S.STALLED: (S.STARTING, S.RUNNING, S.STALLED),
+    S.RECOVERING: (S.STARTING, S.RUNNING, S.RECOVERING),
+    S.PREEMPTED: (S.STARTING, S.RUNNING, S.PREEMPTED),
+    S.FAILED: (S.STARTING, S.RUNNING, S.FAILED),
+    S.ESCALATED: (S.STARTING, S.RUNNING, S.ESCALATED),
+    S.COMPLETED: (S.STARTING, S.RUNNING, S.COMPLETED),
+    S.CANCELLED: (S.CANCELLED,),
+}
+"""A legal way from queued to each state, for a record no supervisor holds."""
 
 
 def document(job_id: str, **sections: Any) -> dict[str, Any]:
@@ -170,6 +184,29 @@ class Rig:
             checkpoint_dir=str(self.root.checkpoints / record.checkpoint),
         )
 
+    def put(self, record: JobRecord, state: JobState) -> JobRecord:
+        """Move a queued ``record`` to ``state`` through legal transitions (`PATHS`), as if
+        an earlier supervisor had; an attempt was made if it ever started."""
+        for target in PATHS[state]:
+            if target is S.STARTING:
+                record.attempt += 1
+            self.table.transition(record, target, f"to {target.value} for the test")
+        return record
+
+    def job_in(self, job_id: str, state: JobState, **sections: Any) -> JobRecord:
+        """A new job, moved to ``state`` with no supervisor holding it."""
+        return self.put(self.submit(job_id, **sections), state)
+
+    async def live(self, job_id: str, **sections: Any) -> tuple[JobRecord, ScriptedAttempt]:
+        """A new job whose first attempt runs (ready, then busy at step 1) under a supervisor."""
+        record = self.submit(job_id, **sections)
+        work = self.worker(record)
+        self.launcher.plan(job_id, [*work.start(), *work.updates(1, 1), Hang()])
+        await self.launched(record)
+        attempt = self.launcher.of(job_id)[-1]
+        await attempt.reached()
+        return record, attempt
+
     def supervise(self, record: JobRecord) -> JobSupervisor:
         """A supervisor for ``record``, holding a slot."""
         supervisor = JobSupervisor(record, self.services())
@@ -216,6 +253,10 @@ class Rig:
         """Preempt a job; None when nothing runs."""
         supervisor = self.supervisors.get(record.id)
         return supervisor.stop() if supervisor is not None else None
+
+    def notifications_delivered(self) -> dict[str, int]:
+        """Hook and webhook events sent, dropped and overflowed (none: no sink is set)."""
+        return self.hooks.counts()
 
     def resume_job(self, record: JobRecord) -> dict[str, Any]:
         """Queue a preempted, failed or escalated job again."""
