@@ -71,6 +71,9 @@ class View(Protocol):
     def intake_queue(self) -> Intake:
         """Where a submitted request is taken in."""
 
+    def metrics_text(self) -> str:
+        """The Prometheus exposition of the daemon's state now (`observe.metrics.render`)."""
+
     def notifications_delivered(self) -> dict[str, int]:
         """Hook and webhook events sent, dropped and overflowed since the daemon started."""
 

@@ -71,7 +71,7 @@ class Wardend:
         self.notifier = notify.Notifier()
         self.hooks = hooks.Notifications.attach(options.notify, root, self.table, self.incidents)
         self.exporter = exporter.Exporter(
-            lambda: metrics.render(self), options.metrics, options.sample_interval_s
+            self.metrics_text, options.metrics, options.sample_interval_s
         )
         self.lifecycle = Lifecycle(self, options.keep_finished, options.keep_finished_days)
         self.last_status = ""
@@ -232,6 +232,10 @@ class Wardend:
         """Preempt a job (its worker commits its current step); None when nothing runs."""
         supervisor = self.supervisors.get(record.id)
         return supervisor.stop() if supervisor is not None else None
+
+    def metrics_text(self) -> str:
+        """The Prometheus exposition of the daemon's state now (`observe.metrics.render`)."""
+        return metrics.render(self)
 
     def notifications_delivered(self) -> dict[str, int]:
         """Hook and webhook events sent, dropped and overflowed since the daemon started."""

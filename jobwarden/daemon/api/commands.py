@@ -22,7 +22,6 @@ from jobwarden.daemon.api.arguments import int_arg, job_record
 from jobwarden.daemon.api.lifecycle import Lifecycle
 from jobwarden.daemon.background import off_loop
 from jobwarden.daemon.intake.spool import Rejection, name_problems
-from jobwarden.daemon.observe import metrics
 from jobwarden.daemon.supervise.attempt import output_entry, stdout_name
 from jobwarden.decoding import loads_json
 from jobwarden.jobfile import NAME_PATTERN
@@ -49,7 +48,7 @@ def handlers(daemon: View, lifecycle: Lifecycle) -> dict[str, Handler]:
         "checkpoints": lambda args: checkpoints(daemon, args),
         "submit": lambda args: submit(daemon, args),
         "resume": lambda args: resume(daemon, args),
-        "metrics": lambda args: {"text": metrics.render(daemon)},
+        "metrics": lambda args: {"text": daemon.metrics_text()},
         "version": lambda args: version(daemon),
         "shutdown": lambda args: shutdown(daemon),
         **lifecycle.handlers(),  # stop (one job, several, or all), cancel, remove...

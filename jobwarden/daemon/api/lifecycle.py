@@ -32,7 +32,6 @@ from jobwarden.protocol import ControlError
 from jobwarden.states import RESUMABLE, TERMINAL, JobState
 
 if TYPE_CHECKING:
-    from jobwarden.daemon.launch.base import RunningAttempt
     from jobwarden.daemon.view import View
 
 log = structlog.get_logger("wardend.lifecycle")
@@ -166,8 +165,9 @@ class Lifecycle:
             self.background.spawn(self.follow_up(record, attempt.running if attempt else None))
         return {"state": record.state.value, doing: True, **answer}
 
-    async def follow_up(self, record: JobRecord, stopped: RunningAttempt | None) -> None:
-        """Stop every new attempt of ``record`` until it rests, then cancel or resume it."""
+    async def follow_up(self, record: JobRecord, stopped: object | None) -> None:
+        """Stop every new attempt of ``record`` until it rests, then cancel or resume it
+        (``stopped``: the running attempt already stopped, known by identity only)."""
         daemon = self.daemon
         while record.id in self.pending and daemon.table.get(record.id) is record:
             supervisor = daemon.supervisors.get(record.id)

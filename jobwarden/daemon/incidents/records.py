@@ -213,6 +213,9 @@ class IncidentLog:
         self.unwritten: dict[str, Incident] = {}
         self.listeners: list[Callable[[Incident, str], None]] = []
         """Called with ``incident.opened`` or ``incident.concluded`` once it is written."""
+        self.traces = goodput.JobTraces()
+        """The daemon's one cache of attempt traces (read on its loop by incidents, status
+        and metrics), for goodput and each failure's cost."""
 
     def _append(self, path: Path, line: bytes) -> None:
         # Only the root's record stays open: one descriptor per job would grow with the table.
@@ -242,7 +245,7 @@ class IncidentLog:
         takes bytes again, so a job's supervision never stops on its evidence.
         """
         if incident.time_lost_s is not None and not incident.cost_s:
-            traces = goodput.TRACES.traces(self.root.jobs / incident.job)
+            traces = self.traces.traces(self.root.jobs / incident.job)
             incident.cost_s = goodput.failure_cost(traces, incident.attempt)
         try:
             self._write(incident, event)

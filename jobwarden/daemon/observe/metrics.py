@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from jobwarden.daemon.incidents import goodput
 from jobwarden.states import JobState
 
 if TYPE_CHECKING:
@@ -115,7 +114,7 @@ def goodput_metrics(daemon: View, records: list[JobRecord]) -> Iterator[Metric]:
         "jobwarden_badput_seconds", "Wall time a job lost, by cause.", labels=["job", "cause"]
     )
     for record in records:
-        found = goodput.TRACES.goodput(daemon.root.jobs / record.id, record.history, now)
+        found = daemon.incidents.traces.goodput(daemon.root.jobs / record.id, record.history, now)
         if found.goodput is not None:
             share.add_metric([record.id], found.goodput)
         productive.add_metric([record.id], found.productive_s)
