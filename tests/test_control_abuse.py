@@ -399,10 +399,10 @@ def test_wardenctl_doc_lists_every_exit_status() -> None:
 
 
 class TestStatusRows:
-    """The cached rows of settled jobs: encoded once, refreshed when their record is saved."""
+    """The kept rows of settled jobs: made once, refreshed when their record is saved."""
 
     def test_a_row_is_reused_until_its_record_is_saved(self, tmp_path: Path) -> None:
-        """Same text while nothing changes but the age; new text after JobTable.save."""
+        """The same row while nothing changes but the age; a new one after JobTable.save."""
         from jobwarden.daemon.api.status import StatusRows
         from jobwarden.daemon.store.jobs import JobTable
 
@@ -415,15 +415,15 @@ class TestStatusRows:
         record.last_progress = 1000.0
 
         rows, daemon = StatusRows(), SimpleNamespace(supervisors={}, is_live=lambda job: False)
-        first = json.loads(rows.row(daemon, record, 1010.0))
+        first = rows.row(daemon, record, 1010.0)
         assert (first["state"], first["last_progress_age_s"], first["uptime_s"]) == (
             "queued",
             10.0,
             None,
         )
-        assert json.loads(rows.row(daemon, record, 1012.5))["last_progress_age_s"] == 12.5
+        assert rows.row(daemon, record, 1012.5)["last_progress_age_s"] == 12.5
         table.transition(record, JobState.STARTING, "test")
-        assert json.loads(rows.row(daemon, record, 1013.0))["state"] == "starting"
+        assert rows.row(daemon, record, 1013.0)["state"] == "starting"
 
     def test_table_values_are_reused_until_the_record_is_saved(self, tmp_path: Path) -> None:
         """The columns' values: the age fresh at each request, the rest new after a save."""
@@ -440,7 +440,7 @@ class TestStatusRows:
         daemon = SimpleNamespace(supervisors={}, is_live=lambda job: False, table=table)
 
         def shown(now: float) -> dict[str, Any]:
-            return dict(zip(TABLE_FIELDS, rows.values(daemon, record, now), strict=True))
+            return rows.values(daemon, record, now)
 
         assert (shown(1010.0)["state"], shown(1012.5)["last_progress_age_s"]) == ("queued", 12.5)
         record.step = 5  # not saved: the kept values stand
@@ -468,7 +468,7 @@ class TestStatusRows:
         rows = StatusRows()
 
         def shown(now: float) -> dict[str, list[Any]]:
-            return dict(zip(TABLE_FIELDS, rows.columns(daemon, now), strict=True))
+            return rows.columns(daemon, now)
 
         first = shown(1010.0)
         assert (first["id"], first["last_progress_age_s"]) == (["a", "b"], [10.0, None])

@@ -8,16 +8,20 @@ of `summary`, for scripts that want them all.  ``totals`` is always there:
 jobs per state, those that need attention, and the requests the spool has
 rejected.  ``status JOB`` looks the job up by id, so it costs the same
 whatever the size of the table.
+
+Rows and columns are built by field name.  The columns are kept until the
+table changes (`JobTable.version`), a settled job's row until its record is
+saved; each answer is then encoded once, whole, by orjson.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
@@ -45,6 +49,8 @@ TABLE_FIELDS = (
 )
 """The columns of the plain ``status`` answer, in this order (the age, which changes with
 every request, last)."""
+AGE = "last_progress_age_s"
+"""The one field of a kept row made afresh at every request."""
 
 
 def summary(daemon: View, record: JobRecord, now: float) -> dict[str, Any]:
@@ -61,9 +67,7 @@ def summary(daemon: View, record: JobRecord, now: float) -> dict[str, Any]:
         "steps": record.job.run.steps,
         "task": record.job.task,
         "checkpoint": record.checkpoint,
-        "last_progress_age_s": round(now - record.last_progress, 3)
-        if record.last_progress
-        else None,
+        "last_progress_age_s": progress_age(record, now),
         "newest_checkpoint_step": record.newest_checkpoint_step,
         "pid": record.pid,
         "rss_mb": sample.get("rss_mb"),
@@ -79,26 +83,45 @@ def summary(daemon: View, record: JobRecord, now: float) -> dict[str, Any]:
     }
 
 
-def table_row(daemon: View, record: JobRecord, now: float) -> tuple[Any, ...]:
-    """One job's values for ``TABLE_FIELDS``."""
+def table_row(daemon: View, record: JobRecord, now: float) -> dict[str, Any]:
+    """One job's values for ``TABLE_FIELDS``, by name and in that order."""
     live = daemon.is_live(record.id)
-    return (
-        record.id,
-        record.state.value,
-        record.attempt,
-        record.step,
-        record.job.run.steps,
-        record.newest_checkpoint_step,
-        record.pid,
-        record.sample.get("rss_mb") if live else None,
-        round(now - record.attempt_started, 3) if live and record.attempt_started else None,
-        round(now - record.last_progress, 3) if record.last_progress else None,
-    )
+    return {
+        "id": record.id,
+        "state": record.state.value,
+        "attempt": record.attempt,
+        "step": record.step,
+        "steps": record.job.run.steps,
+        "newest_checkpoint_step": record.newest_checkpoint_step,
+        "pid": record.pid,
+        "rss_mb": record.sample.get("rss_mb") if live else None,
+        "uptime_s": round(now - record.attempt_started, 3)
+        if live and record.attempt_started
+        else None,
+        "last_progress_age_s": progress_age(record, now),
+    }
+
+
+def progress_age(record: JobRecord, now: float) -> float | None:
+    """Seconds since the job's last progress, to the millisecond; None before any."""
+    return round(now - record.last_progress, 3) if record.last_progress else None
+
+
+def finite(values: Iterable[Any]) -> bool:
+    """Whether every float among ``values`` is finite, as the protocol's strict JSON requires."""
+    return all(math.isfinite(v) for v in values if isinstance(v, float))
+
+
+class Kept(NamedTuple):
+    """A settled job's row as it was when its record was last saved."""
+
+    updated: float
+    fields: dict[str, Any]
 
 
 class StatusRows:
-    """The table values and encoded full rows of the jobs no supervisor holds, each kept
-    until its record is saved.
+    """The table values and full rows of the jobs no supervisor holds, each kept until its
+    record is saved, and the table's columns, kept until the table changes.
 
     Such a record changes only through `JobTable.save`, which stamps
     ``updated``; only the age of its last progress is computed at each request
@@ -108,15 +131,15 @@ class StatusRows:
     """
 
     def __init__(self) -> None:
-        self.cached: dict[str, tuple[float, str]] = {}
-        self.kept: dict[str, tuple[float, tuple[Any, ...]]] = {}
+        self.full: dict[str, Kept] = {}
+        self.kept: dict[str, Kept] = {}
         self.table_key: tuple[int, frozenset[str]] | None = None
-        self.table_columns: list[list[Any]] = []
+        self.table_columns: dict[str, list[Any]] = {}
         self.progress: list[float | None] = []
         self.held: list[tuple[int, JobRecord]] = []
 
-    def columns(self, daemon: View, now: float) -> list[list[Any]]:
-        """The table's columns, in `TABLE_FIELDS` order.
+    def columns(self, daemon: View, now: float) -> dict[str, list[Any]]:
+        """The table's columns by field name, in `TABLE_FIELDS` order.
 
         Between two changes of the table (`JobTable.version`) and of the jobs
         supervisors hold, the columns are copied from the last answer's; only
@@ -128,52 +151,51 @@ class StatusRows:
         if key != self.table_key:
             records = list(daemon.table)
             values = [self.values(daemon, record, now) for record in records]
-            self.table_columns = [list(c) for c in zip(*values, strict=True)] or [
-                [] for _ in TABLE_FIELDS
-            ]
+            self.table_columns = {name: [row[name] for row in values] for name in TABLE_FIELDS}
             self.progress = [record.last_progress or None for record in records]
             self.held = [(i, r) for i, r in enumerate(records) if r.id in daemon.supervisors]
             self.table_key = key
-        columns = [list(column) for column in self.table_columns[:-1]]
-        columns.append([None if t is None else round(now - t, 3) for t in self.progress])
+        ages = [None if t is None else round(now - t, 3) for t in self.progress]
+        columns = {
+            name: ages if name == AGE else list(self.table_columns[name]) for name in TABLE_FIELDS
+        }
         for index, record in self.held:
-            for column, value in zip(columns, table_row(daemon, record, now), strict=True):
-                column[index] = value
+            for name, value in table_row(daemon, record, now).items():
+                columns[name][index] = value
         return columns
 
-    def values(self, daemon: View, record: JobRecord, now: float) -> tuple[Any, ...]:
-        """One job's values for ``TABLE_FIELDS``."""
+    def values(self, daemon: View, record: JobRecord, now: float) -> dict[str, Any]:
+        """One job's values for ``TABLE_FIELDS``, by name."""
         if record.id in daemon.supervisors:
             return table_row(daemon, record, now)
         found = self.kept.get(record.id)
-        if found is None or found[0] != record.updated:
-            found = record.updated, table_row(daemon, record, now)[:-1]
+        if found is None or found.updated != record.updated:
+            found = Kept(record.updated, table_row(daemon, record, now))
             self.kept[record.id] = found
-        age = round(now - record.last_progress, 3) if record.last_progress else None
-        return (*found[1], age)
+        return {**found.fields, AGE: progress_age(record, now)}
 
     def forget_unknown(self, daemon: View) -> None:
         """Drop the entries of jobs the table no longer holds, once they are many."""
         known = daemon.table.records
-        for cache in (self.cached, self.kept):
+        for cache in (self.full, self.kept):
             if len(cache) > 2 * len(known) + 100:
                 for job_id in [j for j in cache if j not in known]:
                     del cache[job_id]
 
-    def row(self, daemon: View, record: JobRecord, now: float) -> str:
-        """One full status row as JSON text."""
+    def row(self, daemon: View, record: JobRecord, now: float) -> dict[str, Any]:
+        """One full status row, by field name (`summary`'s)."""
         if record.id in daemon.supervisors:
-            return json.dumps(summary(daemon, record, now), allow_nan=False)
-        found = self.cached.get(record.id)
-        if found is None or found[0] != record.updated:
+            return summary(daemon, record, now)
+        found = self.full.get(record.id)
+        if found is None or found.updated != record.updated:
             fields = summary(daemon, record, now)
-            del fields["last_progress_age_s"], fields["uptime_s"]
-            text = json.dumps(fields, allow_nan=False)[:-1] + ', "uptime_s": null'
-            found = record.updated, text + ', "last_progress_age_s": '
-            self.cached[record.id] = found
-        if not record.last_progress:
-            return found[1] + "null}"
-        return f"{found[1]}{now - record.last_progress:.3f}}}"
+            del fields["uptime_s"], fields[AGE]  # last, as in every answer so far
+            found = Kept(record.updated, {**fields, "uptime_s": None, AGE: None})
+            self.full[record.id] = found
+        row = found.fields.copy()
+        if record.last_progress:
+            row[AGE] = round(now - record.last_progress, 3)
+        return row
 
 
 def totals(daemon: View, states: list[str]) -> dict[str, Any]:
@@ -208,28 +230,29 @@ def status(daemon: View, args: dict[str, Any], rows: StatusRows | None = None) -
     if not isinstance(full, bool):
         raise ControlError("control.bad_request", f"rows must be a boolean, not {full!r:.40}")
     info = {"pid": os.getpid(), "version": __version__, "uptime_s": round(now - daemon.started, 3)}
-    if full:
-        rows = rows or StatusRows()
-        rows.forget_unknown(daemon)
-        table = ", ".join([rows.row(daemon, r, now) for r in daemon.table])
-        counted = totals(daemon, [r.state.value for r in daemon.table])
-        tail = json.dumps({"totals": counted, "daemon": daemon_info(info, counted)})[1:]
-        return Encoded(f'{{"jobs": [{table}], {tail}'.encode())
     rows = rows or StatusRows()
     rows.forget_unknown(daemon)
+    if full:
+        jobs = [rows.row(daemon, record, now) for record in daemon.table]
+        counted = totals(daemon, [job["state"] for job in jobs])
+        answer = {"jobs": jobs, "totals": counted, "daemon": daemon_info(info, counted)}
+        held = [job for job in jobs if job["id"] in daemon.supervisors]
+        return encoded(answer, finite(value for job in held for value in job.values()))
     columns = rows.columns(daemon, now)
-    counted = totals(daemon, columns[1])
-    answer = {
-        "columns": dict(zip(TABLE_FIELDS, columns, strict=True)),
-        "totals": counted,
-        "daemon": daemon_info(info, counted),
-    }
-    if any(isinstance(v, float) and not math.isfinite(v) for v in columns[7]):
-        return answer  # a non-finite rss: the protocol's strict encoder refuses it, named
-    # orjson: a tenth of json's time for the largest answer the daemon gives (ids, states,
-    # integers and finite floats; the one float column that is not computed here is checked
-    # above, since orjson would write NaN as null where the protocol refuses it).
-    return Encoded(orjson.dumps(answer))
+    counted = totals(daemon, columns["state"])
+    answer = {"columns": columns, "totals": counted, "daemon": daemon_info(info, counted)}
+    return encoded(answer, finite(columns["rss_mb"]))
+
+
+def encoded(answer: dict[str, Any], strict_json: bool) -> Encoded | dict[str, Any]:
+    """The answer encoded at once by orjson, a tenth of json's time for the largest answers
+    the daemon gives; as it is when a float in it is not finite, for the protocol's strict
+    encoder to refuse by name (orjson would write NaN as null).
+
+    Only a held job's sample (rss, cpu) can hold such a float: every other float in the
+    table is an age or a duration computed here, so the callers check the samples alone.
+    """
+    return Encoded(orjson.dumps(answer)) if strict_json else answer
 
 
 def daemon_info(info: dict[str, Any], counted: dict[str, Any]) -> dict[str, Any]:
