@@ -222,19 +222,9 @@ KNOWN_BREAKS: list[tuple[str, str, str]] = [
     # (file, the module it imports, why that breaks its room's intended rule).  Each is exempt
     # from that rule alone; test_known_break_is_gone fails once it is fixed: then delete it.
     (
-        "jobwarden/daemon/api/commands.py",
-        "jobwarden.daemon.observe.metrics",
-        f"{API_RULE}: the metrics command renders through observe/",
-    ),
-    (
         "jobwarden/daemon/api/status.py",
         "jobwarden.daemon.incidents.goodput",
         f"{API_RULE}: status reads the goodput traces of incidents/",
-    ),
-    (
-        "jobwarden/daemon/api/lifecycle.py",
-        "jobwarden.daemon.launch.base",
-        f"{API_RULE}: lifecycle names launch/'s RunningAttempt (for typing only)",
     ),
 ]
 
