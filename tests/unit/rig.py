@@ -3,10 +3,10 @@
 `Rig` is what a `JobSupervisor` gets from its daemon (`Rig.services`: the
 real `JobTable`, `IncidentLog` and `Root`, the `ScriptedLauncher`, a
 `MockClock`) and what the control handlers see of it: it satisfies
-`jobwarden.daemon.view.View`.  Its three actions on jobs (`is_live`,
-`stop_job`, `resume_job`) and its bookkeeping of settled supervisors and
-checkpoint owners do what `Wardend`'s do, minus the scheduling: a resumed
-job is only put back in `queue`.
+`jobwarden.daemon.view.View`.  Its methods of the View (`is_live`,
+`stop_job`, `resume_job`, `metrics_text`, `notifications_delivered`) and its
+bookkeeping of settled supervisors and checkpoint owners do what `Wardend`'s
+do, minus the scheduling: a resumed or submitted job is only put in `queue`.
 
 Jobs are taken in as intake takes them: the request's bytes validated by
 `job_from_bytes`, the job folder made durable by `create_folder`, the record
@@ -34,6 +34,7 @@ from jobwarden.daemon.config import NotifySettings, Options
 from jobwarden.daemon.incidents.records import IncidentLog
 from jobwarden.daemon.intake.queue import Intake
 from jobwarden.daemon.intake.spool import Rejection, Spool
+from jobwarden.daemon.observe import metrics
 from jobwarden.daemon.observe.hooks import Notifications
 from jobwarden.daemon.stats import Stats
 from jobwarden.daemon.store.jobs import JobRecord, JobTable, create_folder
@@ -70,7 +71,8 @@ PATHS: dict[JobState, tuple[JobState, ...]] = {
 
 def document(job_id: str, **sections: Any) -> dict[str, Any]:
     """A job request: linreg, 8 steps committed every 2, and ``sections`` over that
-    (``run={...}``, ``supervision={...}``, ``checkpoint="name"``, ``command=[...]``...)."""
+    (``run={...}``, ``supervision={...}``, ``checkpoint="name"``, ``command=[...]``...; a
+    section given as None is left out)."""
     doc: dict[str, Any] = {
         "id": job_id,
         "task": "linreg",
@@ -78,7 +80,9 @@ def document(job_id: str, **sections: Any) -> dict[str, Any]:
         "supervision": dict(FAST_SUPERVISION),
     }
     for name, value in sections.items():
-        if isinstance(value, dict) and isinstance(doc.get(name), dict):
+        if value is None:
+            doc.pop(name, None)
+        elif isinstance(value, dict) and isinstance(doc.get(name), dict):
             doc[name] = {**doc[name], **value}
         else:
             doc[name] = value
@@ -253,6 +257,10 @@ class Rig:
         """Preempt a job; None when nothing runs."""
         supervisor = self.supervisors.get(record.id)
         return supervisor.stop() if supervisor is not None else None
+
+    def metrics_text(self) -> str:
+        """The Prometheus exposition of the rig's state, rendered as the daemon renders it."""
+        return metrics.render(self)
 
     def notifications_delivered(self) -> dict[str, int]:
         """Hook and webhook events sent, dropped and overflowed (none: no sink is set)."""

@@ -13,9 +13,11 @@ refused); preempted (operator stop, daemon shutdown, a stop during a backoff).
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -711,6 +713,105 @@ def test_an_outcome_without_the_attempt_it_needs_is_refused(tmp_path: Path) -> N
         assert (record.state, rig.settled) == (S.QUEUED, [])
 
     play(tmp_path, scenario)
+
+
+# ---- a recovery settled at completion, and a daemon's own restart
+
+
+def test_a_recovery_that_completes_before_its_replay_ends_is_settled_then(
+    tmp_path: Path,
+) -> None:
+    """An SDK program (its step count its own) whose resumed attempt completes before the
+    failed attempt's last logged update: the verifier is settled at completion with what was
+    compared, and the incident says the job completed."""
+
+    async def scenario(rig: Rig) -> None:
+        record = rig.submit("short", command=["python3", "train.py"], run=None)
+        longer = rig.worker(record)
+        work = replace(longer, steps=6)
+        rig.launcher.plan(
+            "short",
+            [*longer.start(), *longer.updates(1, 7), Exit(1)],
+            [*work.start(6), *work.completed()],
+        )
+        await rig.launched(record)
+        await rig.until_settled("short")
+        [incident] = rig.incident_records("short")
+        assert (record.state, incident["status"]) == (S.COMPLETED, "verified")
+        assert [c["step"] for c in incident["verification"]["checks"]] == [6]
+        assert "The job then completed at step" in incident["outcome"]
+
+    play(tmp_path, scenario)
+
+
+def test_an_incident_folder_replaced_by_a_link_escalates_as_an_unsafe_path(
+    tmp_path: Path,
+) -> None:
+    """A crash whose incident cannot be written without following a planted link: nothing is
+    written through it, no restart, the job escalated naming the path."""
+
+    async def scenario(rig: Rig) -> None:
+        record = rig.submit("planted")
+        work = rig.worker(record)
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        (rig.root.job("planted") / "incidents").symlink_to(elsewhere)
+        rig.launcher.plan("planted", [*work.start(), *work.updates(1, 3), Exit(1)])
+        await rig.launched(record)
+        await rig.until_settled("planted")
+        assert (record.state, list(elsewhere.iterdir())) == (S.ESCALATED, [])
+        assert record.reason.startswith(f"unsafe_path: {rig.root.job('planted') / 'incidents'}")
+        assert rig.saved_state("planted")["error"] == record.error
+        assert len(rig.launcher.attempts) == 1
+
+    play(tmp_path, scenario)
+
+
+async def die_running(path: Path) -> None:
+    """A daemon that runs the job's attempt 1 to update 3 and is then killed (its tasks
+    cancelled): state.json says running, the events are on disk, nothing is concluded."""
+    async with Rig(path) as first:
+        record = first.submit("job")
+        work = first.worker(record)
+        first.launcher.plan("job", [*work.start(), *work.updates(1, 3), Hang()])
+        await first.launched(record)
+        await first.launcher.attempts[0].reached()
+
+
+async def stop_cleanly(path: Path) -> None:
+    """A daemon that runs attempt 1 to update 3, then is shut down: its worker commits."""
+    async with Rig(path) as first:
+        record = first.submit("job")
+        work = first.worker(record)
+        first.launcher.plan("job", [*work.start(), *work.updates(1, 3), Hang()])
+        supervisor = await first.launched(record)
+        await first.launcher.attempts[0].reached()
+        await supervisor.shutdown()
+
+
+@pytest.mark.parametrize(("end", "resumed_at"), [(die_running, 2), (stop_cleanly, 3)])
+def test_after_the_daemons_restart_the_job_resumes_under_a_daemon_restart_incident(
+    tmp_path: Path, end: Any, resumed_at: int
+) -> None:
+    """The next daemon loads the job, waits out its old worker and resumes it from its newest
+    checkpoint as attempt 2, under a daemon_restart incident that is verified."""
+
+    async def main() -> None:
+        await end(tmp_path / "root")
+        async with Rig(tmp_path / "root") as rig:
+            [record] = rig.table.load()
+            assert (record.state.value, record.attempt) in (("running", 1), ("preempted", 1))
+            left_open = rig.incidents.carry_over(record)
+            rig.launcher.plan("job", rig.worker(record).run(at=resumed_at))
+            await rig.supervise(record).recover_after_restart(left_open)
+            await rig.until_settled("job")
+            [incident] = rig.incident_records("job")
+            assert (incident["kind"], incident["status"]) == (K.DAEMON_RESTART.value, "verified")
+            assert (incident["recovery_point"]["step"], record.attempt) == (resumed_at, 2)
+            assert rig.states(record)[-3:] == ["recovering", "running", "completed"]
+            assert record.history[-3]["reason"] == "daemon restarted"
+
+    asyncio.run(main())
 
 
 # ---- defects found, pinned until fixed
