@@ -112,16 +112,18 @@ def test_unknown_and_repeated_names_are_answered_once_each(tmp_path: Path) -> No
 # ---- stop
 
 
-def test_stop_of_one_job_that_has_no_worker_is_refused(tmp_path: Path) -> None:
-    """stop job: unknown is no_such_job, one with nothing running not_running naming its state."""
+@pytest.mark.parametrize("state", list(JobState))
+def test_stop_of_one_job_that_has_no_worker_is_refused(tmp_path: Path, state: JobState) -> None:
+    """stop job: in every state, a job no supervisor holds is not_running naming its state;
+    an unknown one no_such_job."""
 
     async def scenario(rig: Rig) -> None:
-        rig.job_in("resting", S.PREEMPTED)
+        rig.job_in("idle", state)
         stop = Lifecycle(rig).handlers()["stop"]
         assert refused(lambda: stop({"job": "ghost"}))[0] == "control.no_such_job"
-        assert refused(lambda: stop({"job": "resting"})) == (
+        assert refused(lambda: stop({"job": "idle"})) == (
             "control.not_running",
-            "job resting is preempted; nothing to stop",
+            f"job idle is {state.value}; nothing to stop",
         )
 
     play(tmp_path, scenario)
@@ -272,11 +274,12 @@ def test_cancel_all_takes_every_job_not_finished(tmp_path: Path) -> None:
 # ---- restart
 
 
-@pytest.mark.parametrize("state", [S.QUEUED, S.COMPLETED, S.CANCELLED])
+@pytest.mark.parametrize("state", sorted(set(JobState) - RESUMABLE, key=lambda s: s.value))
 def test_restart_of_a_job_that_neither_runs_nor_rests_is_refused(
     tmp_path: Path, state: JobState
 ) -> None:
-    """restart of a queued, completed or cancelled job: bad_state naming what it applies to."""
+    """restart of a job no supervisor holds that is not preempted, failed or escalated
+    (queued, completed, cancelled...): bad_state naming what it applies to."""
 
     async def scenario(rig: Rig) -> None:
         rig.job_in("job", state)
@@ -427,6 +430,21 @@ def test_an_allowed_signal_reaches_the_live_worker(tmp_path: Path, name: str, se
         answer = Lifecycle(rig).handlers()["signal"]({"job": "busy", "signal": name})
         assert answer == {"job": "busy", "signal": sent, "pid": attempt.pid}
         assert attempt.received == [sent]
+
+    play(tmp_path, scenario)
+
+
+@pytest.mark.parametrize("state", list(JobState))
+def test_a_signal_to_a_job_no_supervisor_holds_is_refused(tmp_path: Path, state: JobState) -> None:
+    """signal: in every state, a job with no supervisor has no worker to signal."""
+
+    async def scenario(rig: Rig) -> None:
+        rig.job_in("idle", state)
+        send = Lifecycle(rig).handlers()["signal"]
+        assert refused(lambda: send({"job": "idle", "signal": "TERM"})) == (
+            "control.not_running",
+            f"job idle is {state.value}; no worker runs",
+        )
 
     play(tmp_path, scenario)
 

@@ -28,7 +28,11 @@ from jobwarden.checkpoint.errors import (
     ChecksumMismatch,
     IncompatibleCheckpoint,
     NoUsableCheckpoint,
+    UnsafeCheckpointDirectory,
+    WriterFenced,
+    WriterLockLost,
 )
+from jobwarden.checkpoint.lease import LeaseLost
 from jobwarden.daemon.launch.base import LauncherError
 from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.supervise import policy, stallevidence
@@ -41,6 +45,7 @@ from jobwarden.errors import (
     WriterLockedError,
 )
 from jobwarden.events import Event, read_events
+from jobwarden.files import UnsafePathError
 from jobwarden.states import JobState
 from tests.scripted import STACK_DUMP, Exit, Hang, Line, Refuse, Script, Stderr
 from tests.unit.rig import Rig, play
@@ -104,7 +109,7 @@ def test_a_completed_attempt_completes_the_job(tmp_path: Path) -> None:
 
 
 def test_exit_zero_without_a_completed_event_is_a_crash(tmp_path: Path) -> None:
-    """Exit 0 before the last step is not a completion: a crash incident and a restart."""
+    """Exit 0 before the last step is not a completion: a crash (here with no restart left)."""
 
     async def scenario(rig: Rig) -> None:
         record = rig.submit("early", supervision={"max_restarts": 0})
@@ -180,7 +185,9 @@ def test_crash_restarts_from_the_newest_checkpoint_and_verifies_the_replay(tmp_p
             (5, "update", True),
         ]
         assert incident["replayed_steps"] == [5]
-        assert "exited with status 1" in incident["symptom"]
+        assert "exited with status 1 without a failed event" in incident["symptom"]
+        assert Path(incident["evidence"]["stderr"]).read_text() == "Traceback ...\n"
+        assert incident["outcome"].endswith("The job then completed at step 8.")
         spec = rig.launcher.specs[1]
         assert (spec.attempt, spec.job_id) == (2, "crash")
         assert incident["details"]["backoff_s"] == 0.0
@@ -298,6 +305,11 @@ def test_a_restored_state_that_differs_escalates(tmp_path: Path) -> None:
         (NoUsableCheckpoint, K.CORRUPT_CHECKPOINT),
         (CheckpointDiskFull, K.DISK_FULL),
         (WriterLockedError, K.DUPLICATE_WRITER),
+        (WriterLockLost, K.DUPLICATE_WRITER),
+        (WriterFenced, K.DUPLICATE_WRITER),
+        (LeaseLost, K.DUPLICATE_WRITER),
+        (UnsafePathError, K.UNSAFE_PATH),
+        (UnsafeCheckpointDirectory, K.UNSAFE_PATH),
         (ResumePolicyError, K.RESUME_POLICY),
         (JobFileError, K.INVALID_REQUEST),
         (UnsafeCacheError, K.UNSAFE_CACHE),
@@ -318,7 +330,7 @@ def test_an_escalating_refusal_escalates_without_restart(
         assert (record.state, record.reason) == (S.ESCALATED, f"{kind}: refused here")
         [incident] = rig.incident_records("refused")
         assert (incident["kind"], incident["status"]) == (kind.value, "escalated")
-        assert error.code == incident["details"]["failure"]["code"]
+        assert incident["details"]["failure"]["code"] == error.code
         assert (record.restarts, len(rig.launcher.attempts)) == (0, 1)
 
     play(tmp_path, scenario)
