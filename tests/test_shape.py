@@ -8,8 +8,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE = PROJECT / "jobwarden"
 MAX_LINES = 400
@@ -217,25 +215,6 @@ ALLOWED: dict[str, frozenset[str]] = {
     | rooms("checkpoint", "daemon.wardend", "daemon.launch", "daemon.observe", "daemon.store"),
 }
 
-API_RULE = "api/ reads only the view, supervise/, intake/, store/ and proof/"
-KNOWN_BREAKS: list[tuple[str, str, str]] = [
-    # (file, the module it imports, why that breaks its room's intended rule).  Each is exempt
-    # from that rule alone; test_known_break_is_gone fails once it is fixed: then delete it.
-    (
-        "jobwarden/daemon/api/status.py",
-        "jobwarden.daemon.incidents.goodput",
-        f"{API_RULE}: status reads the goodput traces of incidents/",
-    ),
-]
-
-
-def exempt(found: Import) -> bool:
-    """Whether ``found`` is one of the `KNOWN_BREAKS`."""
-    return any(
-        (file, target) == (file_of(found.source), found.target) for file, target, _ in KNOWN_BREAKS
-    )
-
-
 # ---- the tests
 
 
@@ -303,7 +282,6 @@ def test_each_room_imports_only_what_its_rule_allows() -> None:
         for found in IMPORTS
         if room(found.target) != room(found.source)
         and room(found.target) not in ALLOWED.get(room(found.source) or "", frozenset())
-        and not exempt(found)
     ]
     assert not broken, "\n".join(broken)
 
@@ -316,16 +294,3 @@ def test_only_cli_imports_wardend() -> None:
         if found.target == "jobwarden.daemon.wardend" and found.source != "jobwarden.daemon.cli"
     ]
     assert not broken, "\n".join(broken)
-
-
-@pytest.mark.parametrize(
-    ("file", "target"),
-    [
-        pytest.param(file, target, id=file, marks=pytest.mark.xfail(strict=True, reason=why))
-        for file, target, why in KNOWN_BREAKS
-    ],
-)
-def test_known_break_is_gone(file: str, target: str) -> None:
-    """The known break is gone: xfails while it is there; once it passes, delete its entry."""
-    still = [str(f) for f in IMPORTS if f.target == target and file_of(f.source) == file]
-    assert not still, "\n".join(still)

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import orjson
 
 from jobwarden import __version__
-from jobwarden.daemon.incidents import goodput
 from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.protocol import ControlError, Encoded
 from jobwarden.states import NEEDS_ATTENTION
@@ -219,7 +218,7 @@ def status(daemon: View, args: dict[str, Any], rows: StatusRows | None = None) -
             raise ControlError("control.no_such_job", f"no job {job_id!r:.80}")
         return {
             **summary(daemon, record, now),
-            "goodput": goodput.TRACES.goodput(
+            "goodput": daemon.incidents.traces.goodput(
                 daemon.root.jobs / record.id, record.history, now
             ).as_record(),
             "members": record.sample.get("members") if daemon.is_live(record.id) else None,

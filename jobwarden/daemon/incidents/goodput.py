@@ -290,7 +290,3 @@ def job_goodput(
     if history and history[-1].get("to") in settled:
         end = float(history[-1]["time"])
     return account(submitted, traces, end)
-
-
-TRACES = JobTraces()
-"""The daemon's one cache of traces, used on its loop by status, metrics and incidents."""
