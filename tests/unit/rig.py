@@ -41,6 +41,7 @@ from jobwarden.daemon.store.jobs import JobRecord, JobTable, create_folder
 from jobwarden.daemon.store.layout import Root
 from jobwarden.daemon.supervise.services import Services, Supervising
 from jobwarden.daemon.supervise.supervisor import JobSupervisor
+from jobwarden.events import Event, read_events
 from jobwarden.jobfile import Job, job_from_bytes
 from jobwarden.states import JobState
 from tests.scripted import Hang, ScriptedAttempt, ScriptedLauncher, Worker
@@ -241,6 +242,17 @@ class Rig:
     def incident_records(self, job_id: str) -> list[dict[str, Any]]:
         """The latest record of each of the job's incidents, oldest first."""
         return self.incidents.load(job_id)
+
+    def event_kinds(self, job_id: str, attempt: int) -> list[str]:
+        """The kinds of the events one attempt's events.jsonl kept."""
+        path = self.root.job(job_id) / "attempts" / str(attempt) / "events.jsonl"
+        return [item.kind for item in read_events(path) if isinstance(item, Event)]
+
+    def exit_record(self, job_id: str, attempt: int) -> dict[str, Any]:
+        """One attempt's exit.json."""
+        return json.loads(
+            (self.root.job(job_id) / "attempts" / str(attempt) / "exit.json").read_text()
+        )
 
     def saved_state(self, job_id: str) -> dict[str, Any]:
         """The job's ``state.json`` as persisted."""
