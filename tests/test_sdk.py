@@ -525,6 +525,6 @@ def test_the_worker_source_hash_covers_the_task_the_driver_and_the_sdk() -> None
     """linreg's hash covers linreg.py, the driver, the SDK's loop and statetree.py, stably."""
     job = job_from_mapping({"id": "j", "task": "linreg"})
     names = [p.name for p in [*source_files(job), *SDK_SOURCES]]
-    assert names == ["linreg.py", "program.py", "run.py", "statetree.py"]
+    assert names == ["linreg.py", "builtin.py", "run.py", "statetree.py"]
     paths = [*source_files(job), *SDK_SOURCES]
     assert files_digest(paths) == files_digest(paths)
