@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -39,7 +37,7 @@ from typing import Any
 
 from figures import Figure, at_most, context, records
 
-from jobwarden.control import client
+from jobwarden.control import client, harness
 
 TARGET_P99_MS = 5.0
 CLI = "jobwarden.control.cli"
@@ -53,13 +51,13 @@ def percentile(values: list[float], q: float) -> float:
 
 def job_text(job_id: str, stall: bool) -> str:
     """A linreg job; the first one stalls for ten minutes."""
-    text = f'id = "{job_id}"\ntask = "linreg"\n'
-    if stall:
-        text += (
-            "[faults]\nstall_at = 0\nstall_seconds = 600\n[supervision]\n"
-            "stall_timeout_s = 600\nstartup_timeout_s = 600\nstop_grace_s = 1\n"
-        )
-    return text
+    if not stall:
+        return harness.job_text(job_id)
+    return harness.job_text(
+        job_id,
+        faults={"stall_at": 0, "stall_seconds": 600},
+        supervision={"stall_timeout_s": 600, "startup_timeout_s": 600, "stop_grace_s": 1},
+    )
 
 
 def echo_round_trips(samples: int) -> list[float]:
@@ -95,12 +93,10 @@ def echo_round_trips(samples: int) -> list[float]:
     return times
 
 
-def submit(root: Path, first: int, last: int) -> None:
+def submit(daemon: harness.Wardend, first: int, last: int) -> None:
     """Drop jobs ``first`` to ``last - 1`` into the spool (job000 stalls)."""
     for index in range(first, last):
-        name = f"job{index:04d}.toml"
-        (root / "spool" / "tmp" / name).write_text(job_text(f"job{index:04d}", index == 0))
-        os.rename(root / "spool" / "tmp" / name, root / "spool" / "incoming" / name)
+        daemon.drop(f"job{index:04d}.toml", job_text(f"job{index:04d}", index == 0))
 
 
 def timed(samples: int, call: Callable[[], object]) -> list[float]:
@@ -221,39 +217,24 @@ def main() -> int:
     )
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="jobwarden-bench-control-"))
-    root = base / "root"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobwarden.daemon", "--root", str(root), "--max-concurrent", "1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    sock = root / "control.sock"
+    daemon = harness.Wardend(base / "root", None, "--max-concurrent", "1", rescan_interval=None)
+    sock = daemon.socket
     rows: list[tuple[str, dict[str, Any]]] = []
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.request(sock, "version")
-                break
-            except client.DaemonUnreachable:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        daemon.start(timeout=30)
         known = 0
         for jobs in sorted(args.jobs):
-            submit(root, known, jobs)
+            submit(daemon, known, jobs)
             known = jobs
-            while client.request(sock, "status")["totals"]["jobs"] < jobs:
+            while daemon.ask("status")["totals"]["jobs"] < jobs:
                 time.sleep(0.05)
-            while client.request(sock, "status", job="job0000")["state"] != "running":
-                time.sleep(0.05)
+            daemon.wait("job0000", states=("running",))
             for name, found in measure(sock, jobs, args.samples, args.cli_samples).items():
                 rows.append((name, row(found)))
         echo = echo_round_trips(args.samples)
         rows.append(("bare Unix-socket round trip", row({"jobs": 0, "bytes": None, "times": echo})))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        daemon.stop(timeout=60)
         shutil.rmtree(base, ignore_errors=True)
     print(
         f"control socket round trips, {args.samples} samples each ({args.cli_samples} for "

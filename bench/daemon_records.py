@@ -23,6 +23,7 @@ from jobwarden.control import harness
 POLL_S = 0.01
 RESCAN_INTERVAL_S = 1.0
 SETTLED_STATES = harness.SETTLED_STATES
+private_dir = harness.private_dir
 Record = dict[str, Any]
 Match = Callable[[Record], bool]
 
@@ -187,10 +188,3 @@ def clear_folder(folder: Path) -> int:
 def count_files(folder: Path) -> int:
     """Files under ``folder``."""
     return sum(len(files) for _, _, files in os.walk(folder))
-
-
-def private_dir(path: Path) -> Path:
-    """An empty 0700 directory (the worker refuses a compile cache others can read)."""
-    path.mkdir(mode=0o700, parents=True)
-    path.chmod(0o700)
-    return path

@@ -23,33 +23,34 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from figures import Figure, at_least, context, records, verdict
 
-from jobwarden.control import client
-from jobwarden.control.client import DaemonUnreachable
+from jobwarden.control import harness
 from jobwarden.worker.command import worker_argv
 
 RESULTS = Path(__file__).parent / "results" / "goodput.json"
 TARGET = 0.95
-SETTLED = ("completed", "failed", "escalated", "cancelled")
+
+
+class SoakDaemon(harness.Wardend):
+    """The soak's wardend: asked for the job's status once a second, so that a ten-minute
+    soak's own polling does not load the machine whose goodput it measures."""
+
+    start_timeout_s = 30.0
+    poll_s = 1.0
 
 
 def job_text(steps: int, every: int, faults: dict[str, Any] | None) -> str:
     """The soak's job file (faults None: the uninterrupted reference)."""
-    lines = ['id = "soak"', 'task = "linreg"', "[run]", f"steps = {steps}"]
-    lines += [f"checkpoint_every = {every}", "keep_checkpoints = 2"]
-    if faults:
-        lines += ["[faults]", *(f"{k} = {json.dumps(v)}" for k, v in faults.items())]
-        lines += ["[supervision]", "max_restarts = 1000"]
-    return "\n".join(lines) + "\n"
+    run = {"steps": steps, "checkpoint_every": every, "keep_checkpoints": 2}
+    if not faults:
+        return harness.job_text("soak", run=run)
+    return harness.job_text("soak", run=run, faults=faults, supervision={"max_restarts": 1000})
 
 
 def reference_hash(base: Path, steps: int, every: int, cache: Path) -> str:
@@ -69,47 +70,24 @@ def reference_hash(base: Path, steps: int, every: int, cache: Path) -> str:
 
 def soak(base: Path, text: str, cache: Path, timeout: float) -> dict[str, Any]:
     """Run the job under a fresh wardend until it settles; its detail status and incidents."""
-    root = base / "root"
-    root.mkdir(mode=0o700)
-    socket = root / "control.sock"
-    argv = [sys.executable, "-m", "jobwarden.daemon", "--root", str(root)]
-    argv += ["--compile-cache", str(cache)]
-    with (base / "wardend.stderr").open("wb") as err:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+    daemon = SoakDaemon(
+        base / "root",
+        cache,
+        rescan_interval=None,
+        stderr=base / "wardend.stderr",
+        append_stderr=False,
+    )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.request(socket, "version")
-                break
-            except (DaemonUnreachable, OSError):
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.05)
-        (root / "spool" / "tmp" / "soak.toml").write_text(text)
-        os.rename(root / "spool" / "tmp" / "soak.toml", root / "spool" / "incoming" / "soak.toml")
-        deadline = time.monotonic() + timeout
-        status: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            try:
-                status = client.request(socket, "status", job="soak")
-            except Exception:  # noqa: BLE001 - not accepted yet
-                status = {}
-            if status.get("state") in SETTLED:
-                break
-            time.sleep(1.0)
-        incidents = client.request(socket, "incidents", job="soak")
-        final = [
-            json.loads(line)
-            for line in (root / "jobs" / "soak" / "attempts" / str(status["attempt"]))
-            .joinpath("events.jsonl")
-            .read_text()
-            .splitlines()
-            if line.strip()
-        ]
+        daemon.start()
+        daemon.drop("soak.toml", text)
+        try:
+            status = daemon.wait("soak", timeout=timeout)
+        except TimeoutError:  # reported as it stands, short of the target
+            status = daemon.status("soak") or {}
+        incidents = daemon.ask("incidents", job="soak")
+        final = daemon.events("soak", status["attempt"])
     finally:
-        proc.terminate()
-        proc.wait(60)
+        daemon.stop(timeout=60)
     done = [e for e in final if e["event"] == "completed"]
     return {
         "status": status,

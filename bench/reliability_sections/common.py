@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from jobwarden.states import SETTLED
+from jobwarden.control import harness
 
-SETTLED_STATES = frozenset(state.value for state in SETTLED)
+SETTLED_STATES = harness.SETTLED_STATES
+private_dir = harness.private_dir
 
 
 LIVE_STATES = frozenset({"starting", "running", "recovering"})
@@ -128,10 +128,3 @@ def jobs_rows(section: Section, f: Record) -> None:
     section.check("jobs lost == 0", f["lost"] == 0)
     section.check("all completed", f["completed"] == f["jobs"])
     section.check("finals equal", f["finals_equal"] == f["jobs"])
-
-
-def private_dir(path: Path) -> Path:
-    """An empty 0700 directory (the worker refuses a compile cache others can read)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path.chmod(0o700)
-    return path

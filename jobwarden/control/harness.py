@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Self
 
 from jobwarden.control import client
 from jobwarden.control.client import DaemonBusy, DaemonUnreachable
+from jobwarden.jobfolder import EVENTS_FILE, attempt_folder
 from jobwarden.protocol import ControlError
 from jobwarden.states import SETTLED
 
@@ -72,6 +73,14 @@ def read_records(path: Path) -> list[Record]:
                 if isinstance(record, dict):
                     records.append(record)
     return records
+
+
+def private_dir(path: Path) -> Path:
+    """A 0700 directory (its parents made, an existing one taken as it is), so that a worker
+    accepts it as a compile cache: it refuses one that others can read."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
 
 
 class Wardend:
@@ -242,11 +251,11 @@ class Wardend:
 
     def attempt_folder(self, job: str, attempt: int) -> Path:
         """jobs/<id>/attempts/<n>, one worker attempt's evidence."""
-        return self.job_folder(job) / "attempts" / str(attempt)
+        return attempt_folder(self.job_folder(job), attempt)
 
     def events(self, job: str, attempt: int) -> list[Record]:
         """The worker events of one attempt so far (none while it has written none)."""
-        return read_records(self.attempt_folder(job, attempt) / "events.jsonl")
+        return read_records(self.attempt_folder(job, attempt) / EVENTS_FILE)
 
     def kill(self) -> None:
         """SIGKILL the daemon and reap it, to leave its root as a crash would."""
