@@ -214,6 +214,9 @@ class Launcher(abc.ABC):
         None when it cannot, and the daemon recovers by a new attempt."""
         return None
 
+    def close(self) -> None:  # noqa: B027 - most launchers hold nothing between attempts
+        """The daemon stops: let go of what the launcher keeps between attempts (spares)."""
+
     def find_orphans(self, job_folder: Path) -> list[tuple[int, float | None]]:
         """After the daemon's own restart: (pid, start time) of each process still running
         an attempt of the job whose folder is ``job_folder``, found without a saved pid.
