@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from jobwarden.daemon.api.lifecycle import Lifecycle
 from jobwarden.daemon.launch.base import LauncherError
 from jobwarden.daemon.supervise import stallevidence
 from jobwarden.daemon.supervise.policy import IncidentKind
+from jobwarden.daemon.supervise.supervisor import JobSupervisor
 from jobwarden.states import JobState
 from tests.scripted import STACK_DUMP, Exit, Hang, Line, Refuse, Script
 from tests.unit.rig import Rig, play
@@ -335,38 +338,55 @@ def test_after_the_daemons_restart_the_job_resumes_under_a_daemon_restart_incide
 # ---- defects found, pinned until fixed
 
 
-SETTLED_WITH_AN_OPEN_INCIDENT = (
-    "Preempted and a refused launch settle the job without concluding the incident whose "
-    "recovery was under way (outcomes.preempt and supervisor._settle_as leave the pending "
-    "verifier's incident open): it stays 'open' while the daemon runs, no later attempt "
-    "carries its verification on, and the next start concludes it 'interrupted' as if the "
-    "daemon had been killed."
-)
+def cut_short(rig: Rig, supervisor: JobSupervisor, how: str) -> Awaitable[None] | None:
+    """End the recovery under way ``how``: an operator stop of the recovery attempt (still
+    importing JAX: nothing written yet), a stop or a cancel during its restart backoff."""
+    if how == "cancel":
+        Lifecycle(rig).handlers()["cancel"]({"jobs": [supervisor.record.id]})
+        return rig.until(lambda: supervisor.record.state is S.CANCELLED)
+    supervisor.stop()
+    return None
 
 
-@pytest.mark.xfail(strict=True, reason=SETTLED_WITH_AN_OPEN_INCIDENT)
-@pytest.mark.parametrize("how", ["operator stop", "launch refused"])
+@pytest.mark.parametrize("how", ["operator stop", "stop in backoff", "cancel", "launch refused"])
 def test_a_job_that_settles_during_a_recovery_leaves_no_incident_open(
     tmp_path: Path, how: str
 ) -> None:
     """Once the job rests, none of its incidents is still open: the one whose recovery was
-    cut short by a stop, or by a launch refusal, is concluded."""
+    cut short by a stop or a cancel is concluded interrupted, naming the job's state; one
+    whose recovery attempt could not be launched, failed."""
 
     async def scenario(rig: Rig) -> None:
-        record = rig.submit("cut")
+        backoff = {"restart_backoff_s": 60.0} if how == "stop in backoff" else {}
+        record = rig.submit("cut", supervision=backoff)
         work = rig.worker(record)
         crash = [*work.start(), *work.updates(1, 5), Exit(1)]
-        if how == "operator stop":
-            rig.launcher.plan("cut", crash, [*work.start(4), Hang()])
-        else:
+        if how == "launch refused":
             rig.launcher.plan("cut", crash, Refuse(LauncherError("the node is gone")))
+        elif how == "stop in backoff":  # the first restart is at once, the second waits
+            rig.launcher.plan("cut", crash, [*work.start(4), Exit(1)])
+        else:
+            rig.launcher.plan("cut", crash, [Hang("importing jax")])
         supervisor = await rig.launched(record)
-        if how == "operator stop":
-            await (await rig.launcher.attempt("cut", 2)).reached()
-            supervisor.stop()
+        if how == "stop in backoff":
+            await rig.until(lambda: record.restarts == 2 and supervisor.attempt is None)
+            cut_short(rig, supervisor, how)
+        elif how != "launch refused":
+            await (await rig.launcher.attempt("cut", 2)).reached("importing jax")
+            if (waiting := cut_short(rig, supervisor, how)) is not None:
+                await waiting
         await rig.until_settled("cut")
-        assert record.state in (S.PREEMPTED, S.FAILED)
-        assert [i["status"] for i in rig.incident_records("cut") if i["status"] == "open"] == []
+        incidents = rig.incident_records("cut")
+        assert [i["status"] for i in incidents if i["status"] == "open"] == []
+        cut = incidents[-1]
+        if how == "launch refused":
+            assert record.state is S.FAILED
+            assert cut["status"] == "interrupted"
+        else:
+            assert record.state in (S.PREEMPTED, S.CANCELLED)
+            assert (cut["kind"], cut["status"]) == (K.CRASH.value, "interrupted")
+            assert "it is preempted (stopped by operator" in cut["outcome"]
+            assert cut["closed"] is not None
 
     play(tmp_path, scenario)
 

@@ -186,6 +186,18 @@ def preempt(
     s.table.transition(record, S.PREEMPTED, outcome.reason, **exit_status)
 
 
+def cut_short(s: Services, record: JobRecord, incident: Incident) -> None:
+    """The job came to rest (a stop, a cancel, a shutdown, a refusal) while the recovery of
+    ``incident`` was under way: it is concluded ``interrupted``, naming the job's state, as
+    no later attempt carries its proof on."""
+    text = (
+        f"Interrupted: the job came to rest before its recovery was proven; it is "
+        f"{record.state.value} ({record.reason}). No later attempt carries this proof on."
+    )
+    s.incidents.conclude(incident, "interrupted", text, "incident.interrupted")
+    log.info("incident.interrupted", job=record.id, incident=incident.id, state=record.state)
+
+
 def escalate_mismatch(
     s: Services, record: JobRecord, outcome: policy.Escalate, incident: Incident
 ) -> None:

@@ -62,11 +62,16 @@ class JobSupervisor:
         self.refused = False
         self.streak = 0
         """Restarts in a row without a healthy attempt (`policy.streak_of`), for the backoff."""
+        self.recovery: ReplayVerifier | None = None
+        """The newest recovery begun (in its backoff, launching or running), so that a job
+        that comes to rest before its proof is settled concludes its incident (`_settled`)."""
 
     # ---- starting attempts
 
     async def launch(self, verifier: ReplayVerifier | None = None) -> None:
         """Start the next attempt (a recovery when ``verifier`` is given)."""
+        if verifier is not None:
+            self.recovery = verifier
         try:
             await self._launch(verifier)
         except UnsafePathError as error:
@@ -344,9 +349,10 @@ class JobSupervisor:
                 outcomes.failure(s, record, outcome, attempt, info)
             case _:
                 raise policy.UnappliableOutcome(record.id, outcome)
-        s.on_settled(self)
+        self._settled()
 
     def _restart_later(self, verifier: ReplayVerifier, delay_s: float) -> None:
+        self.recovery = verifier
         if self.closing:
             return  # the job stays recovering; the next daemon start resumes it
 
@@ -358,7 +364,7 @@ class JobSupervisor:
 
     def _settle_as(self, state: JobState, reason: str) -> None:
         self.services.table.transition(self.record, state, reason)
-        self.services.on_settled(self)
+        self._settled()
 
     def refuse_unsafe(self, error: UnsafePathError) -> None:
         """A path the daemon writes for this job is a link or not its own: stop the live
@@ -374,8 +380,16 @@ class JobSupervisor:
         elif not self.refused:
             self.refused = True
             outcomes.unsafe_path(self.services, self.record, self.refusal)
-            self.services.on_settled(self)
+            self._settled()
 
     def _refuse_duplicate(self, refusal: policy.Escalate, owner: JobRecord) -> None:
         outcomes.refuse_duplicate(self.services, self.record, refusal, owner)
+        self._settled()
+
+    def _settled(self) -> None:
+        """Tell the daemon the job rests, its recovery's incident concluded first if the job
+        came to rest before the proof was settled: a resting job keeps no incident open."""
+        recovery = self.recovery
+        if recovery is not None and recovery.incident.status == "open":
+            outcomes.cut_short(self.services, self.record, recovery.incident)
         self.services.on_settled(self)
