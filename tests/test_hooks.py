@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from jobwarden.daemon.observe.hooks import Channel, DeliveryError, environment_of
+from jobwarden.daemon.observe.hooks import Channel
+from jobwarden.daemon.observe.sinks import DeliveryError, environment_of
 from tests.daemon import Daemon, linreg_job
 from tests.helpers import wait_until
 

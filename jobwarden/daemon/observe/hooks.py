@@ -13,6 +13,7 @@ each sink has a bounded queue that drops its oldest event when full, counted
 and logged as ``notify.overflow``, and its own thread that delivers each
 event with retries and backoff.  An event still undelivered after its last
 try is logged as ``notify.dropped`` with the error, and the next one is sent.
+The sinks themselves are in `sinks`.
 """
 
 from __future__ import annotations
@@ -21,23 +22,18 @@ import datetime
 import json
 import os
 import shutil
-import subprocess
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from jobwarden import __version__
 from jobwarden.daemon.config import NotifySettings
-from jobwarden.daemon.observe.notify import child_environment
-from jobwarden.daemon.store.evidence import describe
+from jobwarden.daemon.observe.sinks import ExecHook, Sink, Webhook
 from jobwarden.errors import JobwardenError
 
 if TYPE_CHECKING:
@@ -60,8 +56,6 @@ DRAIN_S = 5.0
 """How long a stopping daemon waits for each sink's queued events."""
 SUMMARY_CHARS = 500
 """An incident's summary is its symptom, cut to this length."""
-ERROR_CHARS = 300
-"""Of a hook's stderr or a webhook's reply, this much is kept in the log."""
 
 
 class NotifySettingError(JobwardenError):
@@ -72,10 +66,6 @@ class NotifySettingError(JobwardenError):
 
     def __init__(self, option: str, value: str, problem: str) -> None:
         super().__init__(f"{option} {value!r}: {problem}", option=option, value=value)
-
-
-class DeliveryError(Exception):
-    """Raised by a sink when one try failed; the message is what the log keeps."""
 
 
 def now_iso() -> str:
@@ -113,93 +103,6 @@ def incident_event(incident: Incident, name: str) -> dict[str, Any]:
     if name == "incident.concluded":
         event["outcome"] = incident.outcome[:SUMMARY_CHARS]
     return event
-
-
-def environment_of(event: Mapping[str, Any]) -> dict[str, str]:
-    """The ``JOBWARDEN_EVENT*`` variables an exec hook gets beside the JSON on stdin."""
-    names = {"event": "JOBWARDEN_EVENT", "time": "JOBWARDEN_EVENT_TIME"}
-    env = {}
-    for key in ("event", "time", "job", "from", "to", "incident", "kind", "status"):
-        value = event.get(key)
-        if value is not None:
-            env[names.get(key, f"JOBWARDEN_EVENT_{key.upper()}")] = str(value)
-    return env
-
-
-class Sink(Protocol):
-    """Where events go: one try per call, `DeliveryError` when it failed."""
-
-    name: str
-
-    def deliver(self, body: bytes, event: Mapping[str, Any]) -> None:
-        """Deliver one event, or raise `DeliveryError`."""
-
-
-class ExecHook:
-    """Runs a program per event: argv[0] only, no shell, the event on stdin."""
-
-    name = "exec"
-
-    def __init__(
-        self, program: str, environ: Mapping[str, str], cwd: Path, timeout_s: float
-    ) -> None:
-        self.program = program
-        self.environment = child_environment(environ)
-        self.cwd = cwd
-        self.timeout_s = timeout_s
-
-    def deliver(self, body: bytes, event: Mapping[str, Any]) -> None:
-        """Run the hook once; a non-zero exit, a timeout or a failed start is a failed try."""
-        try:
-            done = subprocess.run(  # the operator's own program, no shell
-                [self.program],
-                input=body,
-                env={**self.environment, **environment_of(event)},
-                cwd=self.cwd,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                timeout=self.timeout_s,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as error:
-            raise DeliveryError(f"no exit within {self.timeout_s} s (killed)") from error
-        except OSError as error:
-            raise DeliveryError(f"could not start: {error}") from error
-        if done.returncode != 0:
-            tail = done.stderr.decode(errors="replace").strip()[-ERROR_CHARS:]
-            raise DeliveryError(f"exit status {done.returncode}" + (f": {tail}" if tail else ""))
-
-
-class Webhook:
-    """POSTs each event as application/json to an http or https URL."""
-
-    name = "webhook"
-
-    def __init__(self, url: str, timeout_s: float) -> None:
-        self.url = url
-        self.timeout_s = timeout_s
-
-    def deliver(self, body: bytes, event: Mapping[str, Any]) -> None:
-        """POST once; anything but a 2xx reply within the timeout is a failed try."""
-        request = urllib.request.Request(  # noqa: S310 - the scheme is checked at start
-            self.url,
-            data=body,
-            method="POST",
-            headers={
-                "Content-Type": "application/json",
-                "User-Agent": f"jobwarden/{__version__}",
-                "X-Jobwarden-Event": str(event["event"]),
-            },
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:  # noqa: S310
-                reply.read(ERROR_CHARS)
-        except urllib.error.HTTPError as error:
-            raise DeliveryError(f"HTTP {error.code} {error.reason}") from error
-        except (OSError, ValueError) as error:  # URLError, timeouts, resets, a bad reply
-            reason = getattr(error, "reason", error)
-            text = describe(reason) if isinstance(reason, OSError) else str(reason)
-            raise DeliveryError(text) from error
 
 
 def check_webhook(url: str) -> str:
