@@ -36,6 +36,7 @@ class IncidentKind(enum.StrEnum):
     INCOMPATIBLE_CHECKPOINT = "incompatible_checkpoint"
     REPLAY_MISMATCH = "replay_mismatch"
     DAEMON_RESTART = "daemon_restart"
+    LAUNCH_FAILED = "launch_failed"
 
 
 class JobwardenError(Exception):

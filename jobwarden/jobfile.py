@@ -24,6 +24,7 @@ from jobwarden.program import (
     HeartbeatSection,
     Program,
     argv_problem,
+    exec_problems,
     kind_problems,
     workdir_problem,
     workdir_problems,
@@ -260,7 +261,8 @@ def job_from_mapping(
     A ``workdir`` must be absolute.  That it exists is a fact of the moment,
     checked where a file comes in (``check_workdir``, as `job_from_bytes` does):
     a job read back from its own folder is not lost when its workdir goes away;
-    its attempt then fails to launch, naming the directory.
+    its attempt then fails to launch, naming the directory.  So are the sizes
+    execve takes (`exec_problems`): no job accepted before is lost to them.
     """
     problems: list[str] = []
     parsed: _Document | None = None
@@ -287,6 +289,8 @@ def job_from_mapping(
     workdir = document.get("workdir")
     if check_workdir and isinstance(workdir, str) and workdir_problem(workdir) is None:
         problems.extend(workdir_problems(workdir))
+    if check_workdir:
+        problems.extend(exec_problems(document))
     if parsed is not None:
         partial = parsed.command is not None
         problems.extend(_fault_problems(parsed.run, parsed.faults, partial=partial))

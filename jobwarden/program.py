@@ -11,6 +11,7 @@ intake, each problem naming its field.
 from __future__ import annotations
 
 import re
+import resource
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -23,6 +24,12 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_PREFIXES = ("JOBWARDEN_", "WATCHDOG_")
 RESERVED_ENV_NAMES = frozenset({"NOTIFY_SOCKET"})
 """Names a job's ``env`` may not set: the daemon's own (and `RESERVED_ENV_PREFIXES`)."""
+EXEC_STRING_MAX = 32 * 4096
+"""The most bytes execve takes in one argv or environment string, its NUL included (Linux's
+MAX_ARG_STRLEN, 32 pages, whatever the stack limit): one more fails the launch with E2BIG."""
+EXEC_TOTAL_FLOOR, EXEC_TOTAL_CAP = 32 * 4096, 6 * 1024 * 1024
+"""Linux's bounds on what execve takes for argv and the environment together."""
+POINTER_BYTES = 8
 PROGRAM_FIELDS = ("command", "workdir", "env", "sdk", "heartbeat")
 """The top-level fields of a command job that a task job may not have."""
 
@@ -103,6 +110,44 @@ def env_problems(env: Any) -> list[str]:
             )
         elif isinstance(value, str) and "\0" in value:
             found.append(f"env.{name}: the value holds NUL")
+    return found
+
+
+def exec_total_max() -> int:
+    """The most bytes execve takes here for argv and the environment together, each string
+    with its NUL and pointer: a quarter of the stack limit (``ulimit -s``), within Linux's
+    bounds, as a launch from this process (the daemon's) would meet it."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_STACK)
+    if soft == resource.RLIM_INFINITY:
+        return EXEC_TOTAL_CAP
+    return max(EXEC_TOTAL_FLOOR, min(EXEC_TOTAL_CAP, soft // 4))
+
+
+def exec_problems(document: Mapping[str, Any]) -> list[str]:
+    """What execve would refuse of a ``command`` and its ``env``, so that every launch would
+    fail E2BIG: a string over `EXEC_STRING_MAX`, or all of them over `exec_total_max`."""
+    command, env = document.get("command"), document.get("env")
+    strings: list[tuple[str, str]] = []
+    if isinstance(command, list):
+        strings += [(f"command[{i}]", a) for i, a in enumerate(command) if isinstance(a, str)]
+    if isinstance(env, dict):
+        strings += [(f"env.{n}", f"{n}={v}") for n, v in env.items() if isinstance(v, str)]
+    found, total = [], 0
+    for field_name, text in strings:
+        size = len(text.encode("utf-8", "surrogatepass")) + 1
+        total += size + POINTER_BYTES
+        if size > EXEC_STRING_MAX:
+            what = "NAME=value" if field_name.startswith("env.") else "the argument"
+            found.append(
+                f"{field_name}: {what} is {size:,} bytes with its NUL; execve takes at most "
+                f"{EXEC_STRING_MAX:,} (128 KiB) in one string (pass large data in a file)"
+            )
+    if total > (limit := exec_total_max()):
+        found.append(
+            f"command, env: {total:,} bytes together (each string with its NUL and an "
+            f"{POINTER_BYTES}-byte pointer); execve takes at most {limit:,} here (a quarter of "
+            "the stack limit, ulimit -s), before the daemon's own environment"
+        )
     return found
 
 

@@ -380,17 +380,36 @@ def test_a_launch_through_a_symbolic_link_escalates_as_an_unsafe_path(tmp_path: 
 # ---- failed
 
 
-def test_a_launch_the_launcher_refuses_fails_the_job(tmp_path: Path) -> None:
-    """LauncherError at start: the job is failed naming it, with no incident."""
+@pytest.mark.parametrize(
+    ("refusal", "code", "mend"),
+    [
+        (LauncherError("sbatch: invalid partition"), None, "Mend what the error names."),
+        (OSError(errno.E2BIG, "Argument list too long", "train"), "E2BIG", "Keep each command"),
+    ],
+)
+def test_a_launch_that_fails_fails_the_job_with_a_launch_incident(
+    tmp_path: Path, refusal: Exception, code: str | None, mend: str
+) -> None:
+    """The launcher refuses the attempt, or execve fails: the job is failed naming it, under a
+    launch_failed incident concluded failed at once (never retried), saying what to mend."""
 
     async def scenario(rig: Rig) -> None:
         record = rig.submit("unlaunchable")
-        rig.launcher.plan("unlaunchable", Refuse(LauncherError("sbatch: invalid partition")))
+        rig.launcher.plan("unlaunchable", Refuse(refusal))
         await rig.launched(record)
         assert rig.settled == ["unlaunchable"]
         assert rig.states(record) == ["queued", "starting", "failed"]
-        assert record.reason == "attempt 1 could not be launched: sbatch: invalid partition"
-        assert (record.incidents, rig.saved_state("unlaunchable")["attempt"]) == ([], 1)
+        assert record.reason == f"attempt 1 could not be launched: {refusal}"
+        assert (len(rig.launcher.attempts), rig.saved_state("unlaunchable")["attempt"]) == (0, 1)
+        [incident] = rig.incident_records("unlaunchable")
+        assert (incident["kind"], incident["status"]) == (K.LAUNCH_FAILED.value, "failed")
+        assert record.history[-1]["incident"] == incident["id"]
+        assert (incident["details"].get("errno"), incident["details"]["error"]) == (
+            code,
+            str(refusal),
+        )
+        assert incident["prevention"][0].startswith(mend)
+        assert "never retried" in incident["outcome"]
 
     play(tmp_path, scenario)
 

@@ -380,8 +380,11 @@ def test_a_job_that_settles_during_a_recovery_leaves_no_incident_open(
         assert [i["status"] for i in incidents if i["status"] == "open"] == []
         cut = incidents[-1]
         if how == "launch refused":
-            assert record.state is S.FAILED
-            assert cut["status"] == "interrupted"
+            crashed, launch = incidents
+            assert (record.state, record.history[-1]["incident"]) == (S.FAILED, launch["id"])
+            assert (launch["kind"], launch["status"]) == (K.LAUNCH_FAILED.value, "failed")
+            assert (crashed["kind"], crashed["status"]) == (K.CRASH.value, "failed")
+            assert f"see incident {launch['id']}" in crashed["outcome"]
         else:
             assert record.state in (S.PREEMPTED, S.CANCELLED)
             assert (cut["kind"], cut["status"]) == (K.CRASH.value, "interrupted")

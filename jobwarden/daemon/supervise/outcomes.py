@@ -7,9 +7,10 @@ in the state its outcome names.
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -22,7 +23,7 @@ from jobwarden.daemon.supervise.attempt import Attempt
 from jobwarden.daemon.supervise.heartbeat import Heartbeat
 from jobwarden.daemon.supervise.policy import StopReason
 from jobwarden.daemon.supervise.verification import ReplayVerifier
-from jobwarden.errors import IncidentKind
+from jobwarden.errors import IncidentKind, JobwardenError
 from jobwarden.files import UnsafePathError
 from jobwarden.jobfolder import EVENTS_FILE
 from jobwarden.proof.replay import ReplayPlan, Verdict
@@ -245,6 +246,60 @@ def failure(
     s.incidents.conclude(incident, status, text, f"incident.{status}")
     s.table.transition(record, state, outcome.reason, incident=incident.id)
     return incident
+
+
+LAUNCH_PREVENTION = {
+    errno.E2BIG: "Keep each command argument and each NAME=value of env under 128 KiB, and all "
+    "of them with the daemon's environment under a quarter of its stack limit (ulimit -s); "
+    "pass large data in a file.",
+    errno.ENOENT: "Check that command[0] is on the worker environment's PATH (or give its "
+    "absolute path) and that the workdir exists.",
+    errno.EACCES: "Check that command[0] is a file the daemon's user may execute.",
+    errno.ENOEXEC: "Check that command[0] is a program (a script needs its #! line).",
+}
+"""What to mend for the errno a launch failed with; any other: what the error names."""
+
+
+def launch_failed(
+    s: Services, record: JobRecord, number: int, error: Exception, recovery: Incident | None
+) -> None:
+    """Attempt ``number`` could not be started (the launcher refused it, or execve failed): a
+    ``launch_failed`` incident, concluded failed at once, as no launch failure is retried (the
+    same request would meet it again); a recovery it was to make fails with it."""
+    code = error.errno if isinstance(error, OSError) else None
+    details: dict[str, Any] = {"error": str(error), "launcher": s.launcher.name}
+    if code is not None:
+        details["errno"] = errno.errorcode.get(code, str(code))
+    if isinstance(error, JobwardenError):
+        details.update({k: str(v) for k, v in error.evidence.items()})
+    incident = Incident(
+        id=f"{record.id}-{len(record.incidents) + 1}",
+        job=record.id,
+        kind=IncidentKind.LAUNCH_FAILED,
+        opened=time.time(),
+        attempt=number,
+        symptom=f"Attempt {number} of {record.job.label()} could not be launched "
+        f"({s.launcher.name} launcher): {error}.",
+        evidence={"attempt folder": str(s.root.attempt(record.id, number))},
+        details=details,
+        prevention=[
+            LAUNCH_PREVENTION.get(code or 0, "Mend what the error names."),
+            "Then resume the job (wardenctl resume): a launch failure is never retried.",
+        ],
+    )
+    s.incidents.open(record, incident, "incident.detected")
+    log.error("incident.launch_failed", job=record.id, incident=incident.id, error=str(error))
+    if recovery is not None and recovery.status == "open":
+        s.incidents.conclude(
+            recovery,
+            "failed",
+            diagnosis.recovery_failed_text(number, incident.id),
+            "incident.recovery_failed",
+        )
+    text = "Failed: no worker was started, and a launch failure is never retried."
+    s.incidents.conclude(incident, "failed", text, "incident.failed")
+    reason = f"attempt {number} could not be launched: {error}"
+    s.table.transition(record, S.FAILED, reason, incident=incident.id)
 
 
 def refuse_duplicate(

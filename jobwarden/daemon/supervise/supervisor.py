@@ -101,7 +101,9 @@ class JobSupervisor:
             if isinstance(error, OSError) and error.errno == errno.ELOOP:  # O_NOFOLLOW, a link
                 raise UnsafePathError(str(error.filename), "is a symbolic link") from error
             log.error("attempt.launch_failed", job=record.id, attempt=number, error=str(error))
-            self._settle_as(S.FAILED, f"attempt {number} could not be launched: {error}")
+            recovery = verifier.incident if verifier is not None else None
+            outcomes.launch_failed(s, record, number, error, recovery)
+            self._settled()
             return
         self._begin(number, running, verifier)
 
@@ -361,10 +363,6 @@ class JobSupervisor:
             self.services.spawn(self.launch(verifier))
 
         self._relaunch = asyncio.get_running_loop().call_later(delay_s, launch)
-
-    def _settle_as(self, state: JobState, reason: str) -> None:
-        self.services.table.transition(self.record, state, reason)
-        self._settled()
 
     def refuse_unsafe(self, error: UnsafePathError) -> None:
         """A path the daemon writes for this job is a link or not its own: stop the live
