@@ -341,3 +341,22 @@ class TestFatalExitCodes:
         """Codes are integers 1..255 in a list."""
         with pytest.raises(JobFileError, match="fatal_exit_codes"):
             record(fatal_exit_codes=bad)
+
+
+@pytest.mark.parametrize(
+    ("new", "old", "takes_its_place"),
+    [
+        (StopReason.OPERATOR, StopReason.STALL, True),
+        (StopReason.SHUTDOWN, StopReason.RSS, True),
+        (StopReason.STALL, StopReason.OPERATOR, False),
+        (StopReason.OPERATOR, StopReason.SHUTDOWN, False),
+        (StopReason.OPERATOR, StopReason.MISMATCH, False),
+        (StopReason.RSS, StopReason.STALL, False),
+    ],
+)
+def test_a_preempting_stop_supersedes_only_one_that_would_restart(
+    new: StopReason, old: StopReason, takes_its_place: bool
+) -> None:
+    """An operator's stop or a shutdown takes the place of a stall's or the memory limit's
+    stop under way (the job is preempted, as asked); nothing takes a mismatch's place."""
+    assert policy.supersedes(new, old) is takes_its_place

@@ -5,7 +5,9 @@ As test_supervisor.py, with deadlines on the rig's hand-driven clock: stalls
 limit restart; an operator stop, a daemon shutdown and both during a restart
 backoff preempt; an external SIGTERM restarts; a plain program completes and
 recovers unverified; a daemon's own restart resumes under a daemon_restart
-incident.  Last, the defects these tests found, as strict xfails.
+incident.  Last, what first failed here (once pinned as strict xfails): a job
+that comes to rest during a recovery concludes its incident, and a stop that
+comes while a stall or the memory limit is being stopped preempts the job.
 """
 
 from __future__ import annotations
@@ -335,7 +337,7 @@ def test_after_the_daemons_restart_the_job_resumes_under_a_daemon_restart_incide
     asyncio.run(main())
 
 
-# ---- defects found, pinned until fixed
+# ---- stops that overtake a recovery, a stall or a memory-limit stop
 
 
 def cut_short(rig: Rig, supervisor: JobSupervisor, how: str) -> Awaitable[None] | None:
@@ -394,15 +396,12 @@ def test_a_job_that_settles_during_a_recovery_leaves_no_incident_open(
     play(tmp_path, scenario)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "A stop that arrives while a stall is being handled (stack dump, then SIGTERM and the "
-        "grace) is answered {'stopping': True}, but the attempt's stop reason stays 'stall' "
-        "(Attempt.stopping refuses a second reason), so the policy restarts the job instead "
-        "of preempting it: the operator's stop is lost without a word."
-    ),
-)
+def ended(rig: Rig, job_id: str) -> bool:
+    """Whether the end of the job's first attempt is handled (exit.json is written in the
+    same step as the outcome is applied)."""
+    return (rig.root.attempt(job_id, 1) / "exit.json").exists()
+
+
 def test_a_stop_during_a_stall_preempts_the_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -426,8 +425,35 @@ def test_a_stop_during_a_stall_preempts_the_job(
             "pid": first.pid,
             "grace_s": 0.01,
         }
-        await rig.until(lambda: first.exit is not None and supervisor.attempt is not first)
-        await rig.until(lambda: record.state is not S.STALLED)
-        assert record.state is S.PREEMPTED
+        await rig.until(lambda: ended(rig, "raced"))
+        assert rig.states(record)[-2:] == ["stalled", "preempted"]
+        assert record.reason == "stopped by operator at step 3"
+        assert (len(rig.launcher.attempts), record.restarts, record.incidents) == (1, 0, [])
+        stopped = rig.exit_record("raced", 1)
+        assert (stopped["stopped_by"], stopped["superseded"]) == ("operator", "stall")
+
+    play(tmp_path, scenario)
+
+
+def test_a_stop_during_a_memory_limit_stop_preempts_the_job(tmp_path: Path) -> None:
+    """The same for a stop that comes while the daemon stops an attempt over max_rss_mb."""
+
+    async def scenario(rig: Rig) -> None:
+        record = rig.submit("fat", supervision={"max_rss_mb": 100, "stop_grace_s": 2})
+        work = rig.worker(record)
+        stuck = Script((*work.start(), *work.updates(1, 3), Hang()), on_term="ignore")
+        rig.launcher.plan("fat", stuck, [*work.start(2), Hang()])
+        supervisor = await rig.launched(record)
+        first = rig.launcher.attempts[0]
+        await first.reached()
+        first.resources = {"rss_mb": 512.0}
+        supervisor.sample()
+        await rig.until(lambda: "SIGTERM" in first.received)
+        assert supervisor.stop() is not None
+        first.kill()
+        await rig.until(lambda: ended(rig, "fat"))
+        assert (record.state, record.reason) == (S.PREEMPTED, "stopped by operator at step 3")
+        assert (len(rig.launcher.attempts), record.incidents) == (1, [])
+        assert rig.exit_record("fat", 1)["superseded"] == "rss"
 
     play(tmp_path, scenario)

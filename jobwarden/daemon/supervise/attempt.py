@@ -23,7 +23,7 @@ from jobwarden.daemon.launch.base import LaunchSpec, RunningAttempt
 from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.store.layout import Root
 from jobwarden.daemon.supervise.heartbeat import Heartbeat
-from jobwarden.daemon.supervise.policy import AttemptReport, StopReason
+from jobwarden.daemon.supervise.policy import AttemptReport, StopReason, supersedes
 from jobwarden.daemon.supervise.stall import StallWatch
 from jobwarden.daemon.supervise.verification import ReplayVerifier
 from jobwarden.events import Event
@@ -131,6 +131,8 @@ class Attempt:
     failure: Event | None = None
     completed: bool = False
     stop_reason: StopReason | None = None
+    superseded: StopReason | None = None
+    """The stop under way that ``stop_reason`` took the place of (a stall, say), if any."""
     last_event: dict[str, Any] | None = None
     last_progress: dict[str, Any] | None = None
     checkpoint: tuple[int, str] | None = None
@@ -191,9 +193,15 @@ class Attempt:
                 self.cpu_mark = (now, cpu)
 
     def stopping(self, reason: StopReason) -> bool:
-        """Record that the daemon stops this attempt; False if it already is stopping."""
-        if self.stop_reason is not None or self.running.exit_info is not None:
+        """Record that the daemon stops this attempt for ``reason``; False if it has ended, or
+        is stopping already for a reason that ``reason`` does not outrank (`supersedes`)."""
+        before = self.stop_reason
+        if self.running.exit_info is not None or (
+            before is not None and not supersedes(reason, before)
+        ):
             return False
+        if before is not None:
+            self.superseded = before
         self.stop_reason = reason
         return True
 

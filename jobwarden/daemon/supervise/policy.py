@@ -51,6 +51,10 @@ class StopReason(enum.StrEnum):
 
 
 K = IncidentKind
+RESTARTING_STOPS = frozenset({StopReason.STALL, StopReason.RSS})
+"""The daemon's own stops whose end restarts the job."""
+PREEMPTING_STOPS = frozenset({StopReason.OPERATOR, StopReason.SHUTDOWN})
+"""The stops whose end preempts the job: a person's, or the daemon's shutdown."""
 
 
 # Kinds a restart cannot mend: a person decides.  A worker's refusal names its kind
@@ -165,6 +169,13 @@ def classify(report: AttemptReport, status: int) -> IncidentKind:
     if status == PreemptedExit.exit_status and report.emits_events:
         return K.PREEMPTION
     return K.CRASH
+
+
+def supersedes(new: StopReason, old: StopReason) -> bool:
+    """Whether a stop for ``new`` takes the place of one under way for ``old``: an operator's
+    stop or a shutdown outranks a stop that would restart the job (a stall, the memory
+    limit), so the job is preempted as asked rather than restarted."""
+    return new in PREEMPTING_STOPS and old in RESTARTING_STOPS
 
 
 def backoff_s(streak: int, base_s: float, max_s: float) -> float:

@@ -311,6 +311,8 @@ class JobSupervisor:
         self.attempt = None
         record.pid, record.sample = None, {}  # the attempt keeps its last sample as evidence
         exit_record = {**info.as_record(), "stopped_by": attempt.stop_reason, "ended": time.time()}
+        if attempt.superseded is not None:  # a stall's stop, say, that an operator's overtook
+            exit_record["superseded"] = attempt.superseded
         if self.refusal is not None:
             exit_record["stopped_by"] = f"unsafe path {self.refusal.path}"
         evidence.keep(attempt.folder / "exit.json", json.dumps(exit_record, indent=2) + "\n")
@@ -321,6 +323,7 @@ class JobSupervisor:
             status=info.status,
             signal=info.signal,
             stopped_by=attempt.stop_reason,
+            superseded=attempt.superseded,
         )
         if self.refusal is not None:
             self.refuse_unsafe(self.refusal)
