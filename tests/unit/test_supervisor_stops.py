@@ -457,3 +457,30 @@ def test_a_stop_during_a_memory_limit_stop_preempts_the_job(tmp_path: Path) -> N
         assert rig.exit_record("fat", 1)["superseded"] == "rss"
 
     play(tmp_path, scenario)
+
+
+def test_a_recovery_cut_short_by_a_planted_incident_folder_still_frees_the_slot(
+    tmp_path: Path,
+) -> None:
+    """The incident folder becomes a link while a recovery is under way: the job is escalated
+    unsafe_path and frees its slot, though the recovery's incident cannot be concluded (the
+    refusal is logged; nothing is written through the link)."""
+
+    async def scenario(rig: Rig) -> None:
+        record = rig.submit("linked")
+        work = rig.worker(record)
+        crash = [*work.start(), *work.updates(1, 5), Exit(1)]
+        rig.launcher.plan("linked", crash, [Hang("planting"), *work.start(4), Hang()])
+        await rig.launched(record)
+        await (await rig.launcher.attempt("linked", 2)).reached("planting")
+        folder, elsewhere = rig.root.job("linked") / "incidents", tmp_path / "elsewhere"
+        folder.rename(elsewhere)
+        folder.symlink_to(elsewhere)
+        kept = sorted(p.name for p in elsewhere.iterdir())
+        rig.launcher.attempts[1].release()
+        await rig.until_settled("linked")
+        assert (record.state, rig.settled) == (S.ESCALATED, ["linked"])
+        assert record.reason.startswith(f"unsafe_path: {folder}")
+        assert sorted(p.name for p in elsewhere.iterdir()) == kept
+
+    play(tmp_path, scenario)

@@ -195,7 +195,11 @@ def cut_short(s: Services, record: JobRecord, incident: Incident) -> None:
         f"Interrupted: the job came to rest before its recovery was proven; it is "
         f"{record.state.value} ({record.reason}). No later attempt carries this proof on."
     )
-    s.incidents.conclude(incident, "interrupted", text, "incident.interrupted")
+    try:
+        s.incidents.conclude(incident, "interrupted", text, "incident.interrupted")
+    except UnsafePathError as error:  # the job rests escalated for it already (`unsafe_path`)
+        log.error("incident.refused", job=record.id, incident=incident.id, error=error.message)
+        return
     log.info("incident.interrupted", job=record.id, incident=incident.id, state=record.state)
 
 
