@@ -35,6 +35,9 @@ from jobwarden.worker.command import WorkerCall
 
 log = structlog.get_logger("wardend.launcher")
 LINE_LIMIT = 1 << 20
+DRAIN_S = 5.0
+EXIT_POLL_S = 0.05
+"""How long the pipe may stay open after the leader's exit and its descendants' kill."""
 ATTEMPT_ENV = "JOBWARDEN_ATTEMPT_FOLDER"
 """Set in each local worker's environment to its attempt folder: how a restarted daemon
 finds a worker whose pid it never saved (`Launcher.find_orphans`)."""
@@ -169,15 +172,62 @@ class ProcessGroupAttempt(RunningAttempt):
         return self.proc.pid
 
     async def follow(self, on_event: OnEvent, on_malformed: OnMalformed) -> ExitInfo:
-        """Pump stdout until EOF, then reap the child."""
+        """Pump stdout while the leader runs; its own exit ends the attempt (a descendant that
+        holds the pipe cannot hide it): `after_exit`, then the pipe drained to EOF, bounded."""
+        pumping = asyncio.ensure_future(self._pump(on_event, on_malformed))
+        await self._leader_exit()
+        duration = time.monotonic() - self.started_mono
+        await self.after_exit()
+        done, _ = await asyncio.wait({pumping}, timeout=DRAIN_S)
+        if not done:
+            log.warning("attempt.pipe_held", job=self.spec.job_id, pid=self.pid, waited_s=DRAIN_S)
+            pumping.cancel()
+            await asyncio.gather(pumping, return_exceptions=True)
+            self.events.close()
+            transport = getattr(self.proc, "_transport", None)
+            if transport is not None:
+                transport.close()
+        status = await self.proc.wait()
+        return self._ended(ExitInfo.from_status(status, duration))
+
+    async def _leader_exit(self) -> None:
+        """Return once the leader has exited: its pidfd readable, or (no pidfd) its status
+        seen by the child watcher, polled."""
+        try:
+            fd: int | None = os.pidfd_open(self.pid)
+        except OSError:  # gone already, or a kernel without pidfds
+            fd = None
+        if fd is None or self.proc.returncode is not None:
+            if fd is not None:
+                os.close(fd)
+            while self.proc.returncode is None:
+                await asyncio.sleep(EXIT_POLL_S)
+            return
+        loop = asyncio.get_running_loop()
+        exited = loop.create_future()
+
+        def readable() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        loop.add_reader(fd, readable)
+        try:
+            await exited
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+
+    async def _pump(self, on_event: OnEvent, on_malformed: OnMalformed) -> None:
         try:
             if self.proc.stdout is not None:
                 await pump(self.proc.stdout, self.events, on_event, on_malformed)
         except Exception as error:  # noqa: BLE001 - an attempt we cannot follow is ended, not lost
             log.error("attempt.unfollowable", job=self.spec.job_id, error=repr(error))
             self.kill()
-        status = await self.proc.wait()
-        return self._ended(ExitInfo.from_status(status, time.monotonic() - self.started_mono))
+
+    async def after_exit(self) -> None:
+        """The leader has exited: SIGKILL what is left of its process group."""
+        self.kill()
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to the child alone, if it still runs."""

@@ -3,8 +3,10 @@
 The worker starts in a new session (its own process group), in the spec's
 working directory, stdin from /dev/null, stdout a pipe whose every byte is kept
 (``events.jsonl``, or ``output.log`` for a plain program), stderr straight into
-``stderr.log``.  Its exit is learned from asyncio's child watcher;
-a kill reaches the whole group, so nothing the worker started outlives it.
+``stderr.log``.  Its exit is learned from asyncio's child watcher, whoever
+still holds the pipe; then its group and every descendant that left it are
+killed (`jobwarden.daemon.launch.reaper`), so nothing the worker started
+outlives the attempt.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from typing import Any
 import psutil
 import structlog
 
+from jobwarden.daemon.background import off_loop
 from jobwarden.daemon.config import LaunchSettings
+from jobwarden.daemon.launch import reaper
 from jobwarden.daemon.launch.base import (
     ATTEMPT_ENV,
     LINE_LIMIT,
@@ -44,10 +48,22 @@ class LocalAttempt(ProcessGroupAttempt):
 
     def __init__(self, spec: LaunchSpec, proc: asyncio.subprocess.Process) -> None:
         super().__init__(spec, proc)
+        reaper.LEADERS.add(proc.pid)
+        self.folders = {str(spec.folder)}
+        """The attempt folders its descendants may name (`ATTEMPT_ENV`): a spare's too."""
         try:
             self._ps: psutil.Process | None = psutil.Process(proc.pid)
+            self.folders.add(self._ps.environ().get(ATTEMPT_ENV, str(spec.folder)))
         except psutil.Error:
             self._ps = None
+
+    async def after_exit(self) -> None:
+        """The leader has exited: its group and every stray of its folders are killed, off the
+        loop, before the attempt counts as ended."""
+        reaper.LEADERS.discard(self.pid)
+        killed = await off_loop(reaper.sweep, self.pid, self.folders)
+        if killed:
+            log.warning("attempt.strays_killed", job=self.spec.job_id, pid=self.pid, strays=killed)
 
     def create_time(self) -> float | None:
         """The kernel's start time of the worker."""
@@ -82,6 +98,7 @@ class LocalLauncher(Launcher):
 
     def __init__(self, settings: LaunchSettings | None = None) -> None:
         super().__init__(settings)
+        reaper.become_subreaper()
         self.spares = SparePool() if self.settings.warm_spares else None
         """Warm spares for built-in task jobs (`jobwarden.daemon.launch.spares`); None: cold."""
 

@@ -1,0 +1,123 @@
+"""Every descendant of a local attempt ends with it, whether it left its process group or not.
+
+The daemon makes itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``):
+a process whose parent exits is then re-parented to the daemon instead of to
+init, so a child that called ``setsid`` or double-forked stays within reach.
+When an attempt's leader exits, `sweep` SIGKILLs the leader's process group
+and every stray that still names the attempt's folder in its environment
+(`ATTEMPT_ENV`, inherited from the leader) together with its own descendants,
+then reaps the strays re-parented to the daemon.  A subreaper rather than a
+cgroup per attempt: it needs no privilege, no delegated cgroup tree and no
+systemd, works the same on cgroup v1 and v2, and costs one scan of the
+daemon's own children.  Where prctl is refused, the strays are looked for
+among every process of the daemon's user instead (logged once).  A descendant
+that both clears its environment and leaves its group is not recognised.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+
+import psutil
+import structlog
+
+from jobwarden.daemon.launch.base import ATTEMPT_ENV, suppress_gone
+
+log = structlog.get_logger("wardend.reaper")
+PR_SET_CHILD_SUBREAPER = 36
+REAP_WAIT_S = 2.0
+"""How long a sweep waits for a killed stray to die before it leaves it to the next one."""
+ROUNDS = 8
+"""Sweeps in a row at most: a stray's own children, re-parented when it dies, are the next."""
+LEADERS: set[int] = set()
+"""The pids of the attempts' leaders still followed: never strays, even in the same folder
+(the members of one attempt share it)."""
+_subreaper: list[bool] = []
+
+
+def become_subreaper() -> bool:
+    """Make this process the subreaper of its descendants, once; False (logged once) where the
+    kernel refuses it, and strays are then looked for by a scan of the user's processes."""
+    if not _subreaper:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            refused = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0
+            error = os.strerror(ctypes.get_errno()) if refused else ""
+        except (OSError, AttributeError) as failure:
+            refused, error = True, repr(failure)
+        if refused:
+            log.warning(
+                "reaper.no_subreaper",
+                error=error,
+                effect="strays are looked for among all of this user's processes",
+            )
+        _subreaper.append(not refused)
+    return _subreaper[0]
+
+
+def _candidates() -> list[psutil.Process]:
+    if become_subreaper():
+        try:
+            return list(psutil.Process().children())
+        except psutil.Error:
+            return []
+    uid = os.getuid()
+    procs = psutil.process_iter(["uids"])
+    return [p for p in procs if p.info["uids"] is not None and p.info["uids"].real == uid]
+
+
+def strays(folders: set[str]) -> list[psutil.Process]:
+    """The processes, not a followed leader, whose environment names one of ``folders``."""
+    found = []
+    for proc in _candidates():
+        if proc.pid in LEADERS or proc.pid == os.getpid():
+            continue
+        try:
+            if proc.environ().get(ATTEMPT_ENV) in folders:
+                found.append(proc)
+        except psutil.Error:  # gone, a zombie, or not ours to read
+            continue
+    return found
+
+
+def sweep(group: int, folders: set[str]) -> int:
+    """SIGKILL process group ``group`` and every stray of ``folders`` with its descendants, reap
+    those re-parented to this process; the number of strays killed.  Blocking: run off the loop."""
+    with suppress_gone():
+        os.killpg(group, signal.SIGKILL)
+    killed = 0
+    for _ in range(ROUNDS):
+        found = strays(folders)
+        if not found:
+            break
+        doomed = list(found)
+        for proc in found:
+            try:
+                doomed.extend(proc.children(recursive=True))
+            except psutil.Error:
+                continue
+        for proc in doomed:
+            try:
+                proc.kill()
+            except psutil.Error:
+                continue
+        killed += len(found)
+        _reap([p.pid for p in found])
+    return killed
+
+
+def _reap(pids: list[int]) -> None:
+    """Wait (bounded) for each killed child of this process, so none is left a zombie."""
+    deadline = time.monotonic() + REAP_WAIT_S
+    for pid in pids:
+        while True:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not our child (no subreaper), or reaped already
+                break
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
