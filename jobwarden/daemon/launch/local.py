@@ -34,7 +34,7 @@ from jobwarden.daemon.launch.base import (
     suppress_gone,
 )
 from jobwarden.daemon.launch.members import GroupAttempt
-from jobwarden.daemon.launch.spares import SparePool
+from jobwarden.daemon.launch.spares import SparePool, handed_to
 from jobwarden.daemon.store.evidence import open_evidence
 from jobwarden.runtime import SUPERVISOR_ENV
 
@@ -128,14 +128,16 @@ class LocalLauncher(Launcher):
 
     def find_orphans(self, job_folder: Path) -> list[tuple[int, float | None]]:
         """Every process of this user whose environment names an attempt folder of the job
-        (`ATTEMPT_ENV`, set at spawn), so a worker is found even if its pid was never saved."""
+        (`ATTEMPT_ENV`, set at spawn), or a spare's folder that was handed one (`handed_to`),
+        so a worker is found even if its pid was never saved."""
         prefix = f"{job_folder}{os.sep}attempts{os.sep}"
         found = []
         for proc in psutil.process_iter(["uids"]):
             try:
                 if proc.info["uids"] is None or proc.info["uids"].real != os.getuid():
                     continue
-                if proc.environ().get(ATTEMPT_ENV, "").startswith(prefix):
+                folder = proc.environ().get(ATTEMPT_ENV, "")
+                if folder.startswith(prefix) or handed_to(folder).startswith(prefix):
                     found.append((proc.pid, proc.create_time()))
             except psutil.Error:  # gone, a zombie, or not ours to read
                 continue

@@ -11,6 +11,10 @@ job of the same configuration) is handed to the spare over its stdin and
 followed like any worker (`LocalAttempt` on the same process: its stdout is the
 attempt's events, its stderr the attempt's ``stderr.log`` from the handoff on);
 another spare starts in the background once the handed one is under way.
+A spare's environment names its own folder (``jobs/<job>/spares/<n>``) for good,
+so before the handoff the daemon writes the attempt's folder into the spare's
+`HANDED_FILE`: after the daemon's own restart `handed_to` leads from the
+spare to the attempt, and the worker is found as a cold one is.
 
 A spare runs as the worker would: the same user, environment, session of its
 own, cgroup and rlimits (the daemon's).  Command jobs and SDK programs get no
@@ -33,7 +37,7 @@ import structlog
 
 from jobwarden.daemon.background import Background
 from jobwarden.daemon.launch.base import ATTEMPT_ENV, LINE_LIMIT, LaunchSpec, RunningAttempt
-from jobwarden.daemon.store.evidence import open_evidence
+from jobwarden.daemon.store.evidence import keep, open_evidence
 from jobwarden.jobfolder import STDERR_FILE
 from jobwarden.runtime import SUPERVISOR_ENV
 from jobwarden.worker.command import WorkerCall
@@ -46,6 +50,8 @@ REPLACE_AFTER_S = 0.5
 """After a handoff, the next spare starts this much later: its import must not slow the
 handed worker's restore on a small machine."""
 READY_TIMEOUT_S = 300.0
+HANDED_FILE = "handed"
+"""In a spare's folder: the attempt folder it was handed, written before the handoff."""
 
 Spawn = Callable[[LaunchSpec, str], Awaitable[RunningAttempt]]
 Adopt = Callable[[LaunchSpec, asyncio.subprocess.Process], RunningAttempt]
@@ -123,6 +129,10 @@ class SparePool:
         spec.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         stderr = spec.folder / STDERR_FILE
         open_evidence(stderr).close()  # created here as the daemon creates it: never a link
+        if (error := keep(spare.folder / HANDED_FILE, str(spec.folder))) is not None:
+            log.warning("spare.unrecorded", pid=spare.proc.pid, error=error)
+            spare.retire()  # a worker a restarted daemon could not find: start cold instead
+            return None
         try:
             spare.proc.stdin.write(json.dumps(call.handoff(stderr)).encode() + b"\n")
             await spare.proc.stdin.drain()
@@ -212,3 +222,15 @@ class SparePool:
         for timer in self._timers.values():
             timer.cancel()
         self._background.cancel()
+
+
+def handed_to(folder: str) -> str:
+    """The attempt folder the spare of ``folder`` (its `ATTEMPT_ENV`) was handed; "" when
+    ``folder`` is no spare's or the spare was never handed one."""
+    path = Path(folder)
+    if not folder or path.parent.name != "spares":
+        return ""
+    try:
+        return (path / HANDED_FILE).read_text()
+    except (OSError, ValueError):
+        return ""

@@ -1,0 +1,73 @@
+"""A worker running on a warm spare is found after the daemon's restart, as a cold one is."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+import psutil
+
+from jobwarden.daemon.config import LaunchSettings
+from jobwarden.daemon.launch.base import LaunchSpec, RunningAttempt
+from jobwarden.daemon.launch.local import LocalLauncher
+from jobwarden.jobfile import job_from_bytes
+from jobwarden.worker.command import WorkerCall
+from tests.daemon import linreg_job
+
+FAKE_PYTHON = """#!/bin/sh
+case "$*" in *worker.spare*) echo '{"spare": "ready"}'; read line || exit 0;; esac
+exec sleep 60
+"""
+"""Stands for the interpreter: ready at once as a spare, then a worker that runs on."""
+
+
+def spec(root: Path, job_id: str, python: Path) -> LaunchSpec:
+    """Attempt 1 of job ``job_id``, a built-in task with the fake interpreter."""
+    job = job_from_bytes(linreg_job("key").encode(), "job.toml", "toml")
+    folder = root / "jobs" / job_id / "attempts" / "1"
+    call = WorkerCall(folder / "job.json", root / "checkpoints" / job_id, python=str(python))
+    env = {"PATH": os.environ["PATH"]}
+    return LaunchSpec(job_id, 1, folder, call.argv(), env, job=job, worker=call)
+
+
+async def hand_over(root: Path, python: Path) -> tuple[LocalLauncher, list[RunningAttempt]]:
+    """Job a starts cold (a spare of its key starts beside it); job b is handed that spare."""
+    launcher = LocalLauncher(LaunchSettings(warm_spares=True))
+    assert launcher.spares is not None
+    cold = await launcher.start(spec(root, "a", python))
+    for _ in range(500):
+        if any(s.usable() for s in launcher.spares.spares.values()):
+            break
+        await asyncio.sleep(0.02)
+    handed = await launcher.start(spec(root, "b", python))
+    return launcher, [cold, handed]
+
+
+def test_a_worker_handed_to_a_spare_is_found_by_its_job(tmp_path: Path) -> None:
+    """find_orphans of job b names the spare that runs b's attempt, and only b's."""
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(stat.S_IRWXU)
+    root = tmp_path / "root"
+
+    async def scenario() -> tuple[list[int], list[int], list[int]]:
+        launcher, (cold, handed) = await hand_over(root, python)
+        try:
+            assert launcher.spares is not None
+            assert launcher.spares.handed == 1
+            found_b = [pid for pid, _ in launcher.find_orphans(root / "jobs" / "b")]
+            found_a = [pid for pid, _ in launcher.find_orphans(root / "jobs" / "a")]
+            return found_b, found_a, [cold.pid or 0, handed.pid or 0]
+        finally:
+            launcher.close()
+            for running in (cold, handed):
+                running.kill()
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(running.pid).wait(5)
+
+    found_b, found_a, (cold_pid, handed_pid) = asyncio.run(scenario())
+    assert found_b == [handed_pid]
+    assert found_a == [cold_pid]
