@@ -265,7 +265,8 @@ def test_a_dead_webhook_is_logged_and_dropped_while_jobs_complete(
     """Connection refused: each event is dropped after its tries, logged, counted; jobs go on."""
     url = f"http://127.0.0.1:{closed_port()}/hook"
     root = tmp_path / "root"
-    with Daemon(root, compile_cache, "--notify-webhook", url, "--notify-timeout", "2") as daemon:
+    options = ("--notify-timeout", "2", "--notify-tries", "2", "--notify-backoff", "0")
+    with Daemon(root, compile_cache, "--notify-webhook", url, *options) as daemon:
         daemon.drop("first.toml", linreg_job("first", run={"steps": 2}))
         daemon.drop("second.toml", linreg_job("second", run={"steps": 2}))
         assert daemon.wait("first")["state"] == "completed"
@@ -277,7 +278,7 @@ def test_a_dead_webhook_is_logged_and_dropped_while_jobs_complete(
         )
         metrics = daemon.ask("metrics")["text"]
     assert dropped[0]["sink"] == "webhook"
-    assert dropped[0]["tries"] == 3
+    assert dropped[0]["tries"] == 2  # --notify-tries
     assert dropped[0]["error"].startswith("ECONNREFUSED")
     assert 'jobwarden_notifications_total{outcome="dropped"}' in metrics
     assert 'jobwarden_notifications_total{outcome="sent"} 0.0' in metrics
@@ -288,6 +289,10 @@ def test_a_dead_webhook_is_logged_and_dropped_while_jobs_complete(
     [
         ("--notify-webhook", "ftp://example.org/x", "expected an http:// or https:// URL"),
         ("--notify-exec", "/no/such/hook", "not an executable file"),
+        ("--notify-timeout", "0", "expected seconds above 0"),
+        ("--notify-timeout", "nan", "expected seconds above 0"),
+        ("--notify-tries", "0", "expected 1 to 10"),
+        ("--notify-backoff", "-1", "expected seconds from 0 to 60"),
     ],
 )
 def test_an_unusable_setting_is_refused_at_start(

@@ -119,7 +119,22 @@ def parser() -> argparse.ArgumentParser:
         "--notify-timeout",
         type=float,
         default=default.notify.timeout_s,
-        help="seconds one try of the hook or webhook may take (3 tries per event)",
+        help="seconds one try of the hook or webhook may take in all (the hook is then killed "
+        "with its process group, the webhook's connection cut)",
+    )
+    ap.add_argument(
+        "--notify-tries",
+        type=int,
+        default=default.notify.tries,
+        metavar="N",
+        help="tries of each event before it is dropped (1 to 10); later events wait behind them",
+    )
+    ap.add_argument(
+        "--notify-backoff",
+        type=float,
+        default=default.notify.backoff_s,
+        metavar="SECONDS",
+        help="the wait after a first failed try, doubled after each further one (0 to 60)",
     )
     ap.add_argument(
         "--metrics-listen",
@@ -172,10 +187,13 @@ def main(argv: list[str] | None = None) -> int:
         chosen = registry.load(args.launcher, launch)
         if args.signing_key is not None:
             load_key(args.signing_key.absolute())
+        hooks.check_retries(args.notify_timeout, args.notify_tries, args.notify_backoff)
         notify = NotifySettings(
             exec=hooks.check_program(args.notify_exec) if args.notify_exec else None,
             webhook=hooks.check_webhook(args.notify_webhook) if args.notify_webhook else None,
             timeout_s=args.notify_timeout,
+            tries=args.notify_tries,
+            backoff_s=args.notify_backoff,
         )
         if args.metrics_listen is not None:
             exporter.parse_address(args.metrics_listen)

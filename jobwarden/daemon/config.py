@@ -16,14 +16,18 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class NotifySettings:
-    """``--notify-exec``, ``--notify-webhook`` and ``--notify-timeout``; no sink by default."""
+    """``--notify-*``: the sinks and how each event is tried; no sink by default."""
 
     exec: str | None = None
     """The hook program's absolute path (`hooks.check_program`)."""
     webhook: str | None = None
     """An http or https URL (`hooks.check_webhook`)."""
     timeout_s: float = 10.0
-    """Seconds one try may take: the hook's run, or the webhook's connect and reply."""
+    """Seconds one try may take in all: the hook's run to its exit, or the webhook's exchange."""
+    tries: int = 3
+    """Tries of one event before it is dropped (`hooks.check_retries`)."""
+    backoff_s: float = 0.5
+    """The wait after a first failed try; doubled after each further one."""
 
 
 @dataclass(frozen=True)

@@ -13,20 +13,21 @@ each sink has a bounded queue that drops its oldest event when full, counted
 and logged as ``notify.overflow``, and its own thread that delivers each
 event with retries and backoff.  An event still undelivered after its last
 try is logged as ``notify.dropped`` with the error, and the next one is sent.
-The sinks themselves are in `sinks`.
+The sinks themselves, and how each of their tries is bounded, are in `sinks`.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import shutil
 import threading
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,10 +49,10 @@ SCHEMA = 1
 """The version of the event objects."""
 QUEUE_SIZE = 1000
 """Events each sink holds while its deliveries lag; beyond it the oldest is dropped."""
-TRIES = 3
-"""Deliveries of one event before it is dropped."""
-BACKOFF_S = 0.5
-"""The wait after a first failed try; doubled after each further one."""
+MAX_TRIES = 10
+"""Tries of one event at most: each later event waits behind them (and their doubling backoff)."""
+MAX_BACKOFF_S = 60.0
+"""The longest first wait between tries."""
 DRAIN_S = 5.0
 """How long a stopping daemon waits for each sink's queued events."""
 SUMMARY_CHARS = 500
@@ -121,6 +122,18 @@ def check_program(program: str) -> str:
     return str(Path(found).absolute())
 
 
+def check_retries(timeout_s: float, tries: int, backoff_s: float) -> None:
+    """Refuse a try's timeout, a count of tries or a backoff no delivery could keep to."""
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise NotifySettingError("--notify-timeout", f"{timeout_s:g}", "expected seconds above 0")
+    if not 1 <= tries <= MAX_TRIES:
+        raise NotifySettingError("--notify-tries", str(tries), f"expected 1 to {MAX_TRIES}")
+    if not (math.isfinite(backoff_s) and 0 <= backoff_s <= MAX_BACKOFF_S):
+        raise NotifySettingError(
+            "--notify-backoff", f"{backoff_s:g}", f"expected seconds from 0 to {MAX_BACKOFF_S:g}"
+        )
+
+
 class Channel:
     """One sink's bounded queue and the thread that delivers from it."""
 
@@ -129,8 +142,8 @@ class Channel:
         sink: Sink,
         *,
         size: int = QUEUE_SIZE,
-        tries: int = TRIES,
-        backoff_s: float = BACKOFF_S,
+        tries: int = NotifySettings.tries,
+        backoff_s: float = NotifySettings.backoff_s,
         sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         self.sink = sink
@@ -216,23 +229,31 @@ class Channel:
 class Notifications:
     """Every configured sink; the daemon's table and incident log call it on each change."""
 
-    def __init__(self, sinks: list[Sink]) -> None:
-        self.channels = [Channel(sink) for sink in sinks]
+    def __init__(
+        self,
+        sinks: list[Sink],
+        *,
+        tries: int = NotifySettings.tries,
+        backoff_s: float = NotifySettings.backoff_s,
+    ) -> None:
+        self.channels = [Channel(sink, tries=tries, backoff_s=backoff_s) for sink in sinks]
+
+    @classmethod
+    def of(cls, settings: NotifySettings, environ: Mapping[str, str], cwd: Path) -> Notifications:
+        """The sinks ``settings`` ask for, a hook run in ``cwd`` with the workers' environment."""
+        sinks: list[Sink] = []
+        if settings.exec is not None:
+            sinks.append(ExecHook(settings.exec, environ, cwd, settings.timeout_s))
+        if settings.webhook is not None:
+            sinks.append(Webhook(settings.webhook, settings.timeout_s))
+        return cls(sinks, tries=settings.tries, backoff_s=settings.backoff_s)
 
     @classmethod
     def attach(
         cls, settings: NotifySettings, root: Root, table: JobTable, incidents: IncidentLog
     ) -> Notifications:
-        """The sinks ``settings`` ask for, listening to the table's and the log's changes.
-
-        The hook runs in the root folder with the workers' environment.
-        """
-        sinks: list[Sink] = []
-        if settings.exec is not None:
-            sinks.append(ExecHook(settings.exec, os.environ, root.path, settings.timeout_s))
-        if settings.webhook is not None:
-            sinks.append(Webhook(settings.webhook, settings.timeout_s))
-        notifications = cls(sinks)
+        """The sinks ``settings`` ask for, in the root folder, hearing the table and the log."""
+        notifications = cls.of(settings, os.environ, root.path)
         table.listeners.append(notifications.job_state)
         incidents.listeners.append(notifications.incident)
         return notifications
