@@ -16,7 +16,10 @@ a loopback coordinator address), keeps member i's stdout in
 
 One member failing fails the attempt: the survivors are stopped (SIGTERM,
 `MEMBER_STOP_GRACE_S`, SIGKILL to each group), since gloo would leave them
-blocked in a collective forever.  ``members.json`` keeps what each member did.
+blocked in a collective forever.  A member that reports events and exits 0
+before its ``completed`` has failed too (its peers would wait for it in a
+collective): it is the one blamed, with a ``failed`` event of code `EARLY_EXIT_CODE`.
+``members.json`` keeps what each member did.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ MEMBER_SETTLE_S = 0.5
 """How long after a member's failure the others may end on their own before they are stopped:
 the member that failed first is told from those whose collective it broke."""
 MEMBERS_FILE = "members.json"
+EARLY_EXIT_CODE = "member.exited_early"
+"""The code of the failure of a member that exited 0 before it completed."""
 PEER_LOST_MARKS = ("Gloo", "Connection reset by peer", "Connection closed", "coordination service")
 """What the error of a member whose collective lost a peer says (gloo, the coordinator)."""
 
@@ -114,6 +119,8 @@ class GroupAttempt(RunningAttempt):
         self.members = [Member(i, running) for i, running in enumerate(members)]
         self.started_mono = time.monotonic()
         self.failed_member: int | None = None
+        self._emits = spec.job is None or spec.job.emits_events
+        """Whether members report events: then an exit 0 before ``completed`` is a failure."""
         self._failing = False
         self._stopping = False
         self._failures: dict[int, Event] = {}
@@ -197,8 +204,8 @@ class GroupAttempt(RunningAttempt):
         self._forward = on_event
         await asyncio.gather(*(self._follow(m, on_malformed) for m in self.members))
         self.failed_member = self._first_failure()
-        if self.failed_member is not None and self.failed_member in self._failures:
-            failure = self._failures[self.failed_member]
+        if self.failed_member is not None:
+            failure = self._failures.get(self.failed_member) or _early_exit(self.failed_member)
             on_event(Event(failure.kind, {**failure.fields, "process": self.failed_member}))
         evidence.keep(
             self.spec.folder / MEMBERS_FILE, json.dumps(self.members_view(), indent=2) + "\n"
@@ -211,9 +218,9 @@ class GroupAttempt(RunningAttempt):
             if member.index == 0:
                 on_malformed(line)
 
-        info = await member.running.follow(lambda e: self._event(member, e), malformed)
+        await member.running.follow(lambda e: self._event(member, e), malformed)
         self._ends.append((member.index, not self._stopping))
-        if info.status != 0 and not self._stopping:
+        if _failed(member, self._emits) and not self._stopping:
             self._failing = True
             await asyncio.sleep(MEMBER_SETTLE_S)  # a peer that died at once ends on its own
             if not self._stopping:
@@ -222,11 +229,8 @@ class GroupAttempt(RunningAttempt):
     def _first_failure(self) -> int | None:
         """The member whose failure ended the attempt: the first to end on its own with a
         failure of its own, before one that only reports a collective broken by a lost peer."""
-        failed = [
-            index
-            for index, alone in self._ends
-            if alone and (self.members[index].running.exit_info or ExitInfo(0, None, 0)).status
-        ]
+        ended = [index for index, alone in self._ends if alone]
+        failed = [index for index in ended if _failed(self.members[index], self._emits)]
         primary = [i for i in failed if not _peer_lost(self._failures.get(i))]
         chosen = primary or failed
         return chosen[0] if chosen else None
@@ -255,6 +259,8 @@ class GroupAttempt(RunningAttempt):
             self._failures[member.index] = event
             self._failing = True
             return
+        if kind == "completed":
+            member.completed = True
         if self._failing:
             if member.index == 0 and kind == "checkpoint":
                 self._forward(event)
@@ -273,7 +279,6 @@ class GroupAttempt(RunningAttempt):
                 self._held.append(event)
             self._release()
         elif kind == "completed":
-            member.completed = True
             if member.index == 0:
                 self._completed = event
             if self._completed is not None and all(m.completed for m in self.members):
@@ -299,6 +304,19 @@ class GroupAttempt(RunningAttempt):
         while self._held and self._held[0]["step"] <= slowest:
             event = self._held.pop(0)
             self._forward(self._replaced.pop(event["step"], event))
+
+
+def _failed(member: Member, emits_events: bool) -> bool:
+    """Whether an ended member failed: a status other than 0, or (for members that report
+    events; a plain program's never completes) 0 before its ``completed``."""
+    info = member.running.exit_info
+    return info is None or info.status != 0 or (emits_events and not member.completed)
+
+
+def _early_exit(index: int) -> Event:
+    """The failure of member ``index``, which exited 0 before it completed."""
+    message = f"member {index} exited with status 0 before it completed"
+    return Event("failed", {"code": EARLY_EXIT_CODE, "message": message, "exit_status": 0})
 
 
 def _peer_lost(failure: Event | None) -> bool:
