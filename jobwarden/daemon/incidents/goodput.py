@@ -19,7 +19,8 @@ Google's ml-goodput-measurement:
 
 Productive time is each interval between two updates whose step is new,
 less the commit blocking inside it.  `account` is pure; `JobTraces` reads
-and caches the files (a finished attempt's trace never changes).
+and caches every mark of the files, blocking (the reference of the tests):
+the daemon keeps running sums instead (`incidents.accounts`).
 """
 
 from __future__ import annotations
@@ -67,10 +68,14 @@ class Goodput:
     badput_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
     new_updates: int = 0
     replayed_updates: int = 0
+    reading: tuple[int, ...] = ()
+    """attempts whose events file is still being read: nothing else is counted until then"""
 
     @property
     def goodput(self) -> float | None:
-        """Productive share of the wall time (None before any time passed)."""
+        """Productive share of the wall time (None before any time passed, or while read)."""
+        if self.reading:
+            return None
         return self.productive_s / self.wall_s if self.wall_s > 0 else None
 
     def add(self, bucket: str, seconds: float) -> None:
@@ -87,6 +92,7 @@ class Goodput:
             "badput_s": {name: round(value, 3) for name, value in self.badput_s.items()},
             "new_updates": self.new_updates,
             "replayed_updates": self.replayed_updates,
+            "reading": list(self.reading),
         }
 
 
@@ -256,7 +262,7 @@ class JobTraces:
         complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits
         lines = complete.decode("utf-8", errors="replace").splitlines()
         marks = (*marks, *marks_of(parse_lines(lines)))
-        launched, ended, stopped = _launch_and_end(folder, marks)
+        launched, ended, stopped = launch_and_end(folder, marks)
         trace = Trace(number, launched, ended, stopped, marks)
         if len(self._cache) >= MAX_CACHED:
             self._cache.clear()
@@ -264,7 +270,7 @@ class JobTraces:
         return trace
 
 
-def _launch_and_end(folder: Path, marks: Sequence[Mark]) -> tuple[float, float | None, str | None]:
+def launch_and_end(folder: Path, marks: Sequence[Mark]) -> tuple[float, float | None, str | None]:
     """From ``exit.json`` (ended, duration) when the attempt ended, else the folder's job file."""
     try:
         record: Mapping[str, Any] = json.loads((folder / "exit.json").read_text())

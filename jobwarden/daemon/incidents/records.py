@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from jobwarden.daemon.incidents import goodput
+from jobwarden.daemon.incidents.accounts import Accounts
 from jobwarden.daemon.store.evidence import describe
 from jobwarden.daemon.store.layout import Root
 from jobwarden.daemon.store.rootcheck import PRIVATE_FILE, RootUnsafeError, open_private
@@ -213,8 +213,8 @@ class IncidentLog:
         self.unwritten: dict[str, Incident] = {}
         self.listeners: list[Callable[[Incident, str], None]] = []
         """Called with ``incident.opened`` or ``incident.concluded`` once it is written."""
-        self.traces = goodput.JobTraces()
-        """The daemon's one cache of attempt traces (read on its loop by incidents, status
+        self.traces = Accounts()
+        """The daemon's one keeper of attempt tallies (read on its loop by incidents, status
         and metrics), for goodput and each failure's cost."""
 
     def _append(self, path: Path, line: bytes) -> None:
@@ -245,8 +245,8 @@ class IncidentLog:
         takes bytes again, so a job's supervision never stops on its evidence.
         """
         if incident.time_lost_s is not None and not incident.cost_s:
-            traces = self.traces.traces(self.root.jobs / incident.job)
-            incident.cost_s = goodput.failure_cost(traces, incident.attempt)
+            found = self.traces.failure_cost(self.root.jobs / incident.job, incident.attempt)
+            incident.cost_s = found  # empty while an attempt is read: the next write retries
         try:
             self._write(incident, event)
         except OSError as error:
@@ -341,7 +341,8 @@ class IncidentLog:
                 log.error("incident.refused", incident=incident.id, error=error.message)
 
     def close(self) -> None:
-        """Close the open record files."""
+        """Close the open record files and stop the goodput reads under way."""
+        self.traces.close()
         for fd in self._files.values():
             os.close(fd)
         self._files.clear()

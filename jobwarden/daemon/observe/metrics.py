@@ -102,7 +102,8 @@ class WardendCollector:
 
 
 def goodput_metrics(daemon: View, records: list[JobRecord]) -> Iterator[Metric]:
-    """Each job's goodput (a gauge) and its productive and badput seconds (counters)."""
+    """Each job's goodput (a gauge) and its productive and badput seconds (counters); a job
+    whose events are still being read has none of these until then, but a reading gauge."""
     now = time.time()
     share = GaugeMetricFamily(
         "jobwarden_goodput_ratio", "Share of a job's wall time on new updates.", labels=["job"]
@@ -113,8 +114,16 @@ def goodput_metrics(daemon: View, records: list[JobRecord]) -> Iterator[Metric]:
     badput = CounterMetricFamily(
         "jobwarden_badput_seconds", "Wall time a job lost, by cause.", labels=["job", "cause"]
     )
+    reading = GaugeMetricFamily(
+        "jobwarden_goodput_reading",
+        "Attempts of a job whose events file is still being read (its goodput waits).",
+        labels=["job"],
+    )
     for record in records:
         found = daemon.incidents.traces.goodput(daemon.root.jobs / record.id, record.history, now)
+        if found.reading:
+            reading.add_metric([record.id], len(found.reading))
+            continue
         if found.goodput is not None:
             share.add_metric([record.id], found.goodput)
         productive.add_metric([record.id], found.productive_s)
@@ -123,6 +132,7 @@ def goodput_metrics(daemon: View, records: list[JobRecord]) -> Iterator[Metric]:
     yield share
     yield productive
     yield badput
+    yield reading
 
 
 def render(daemon: View) -> str:

@@ -204,6 +204,7 @@ class JobSupervisor:
             return
         sup = record.job.supervision
         attempt.observe(event, sup.stall_timeout_s, sup.startup_timeout_s)
+        s.incidents.traces.observe(s.root.job(record.id), attempt.number, event)
         verifier, kind = attempt.verifier, event.kind
         if kind in ("restored", "checkpoint"):
             record.newest_checkpoint_step = event["step"]
