@@ -22,9 +22,9 @@ READY = {"step": 0, "warmup_s": 0.5, "state_hash": HASH, "components": {}}
 
 
 def long_attempt(folder: Path, updates: int, launched: float) -> None:
-    """An ended attempt's folder: ready, ``updates`` progress events with a commit every
-    100 updates, completed, and its exit.json."""
-    folder.mkdir(parents=True)
+    """An ended attempt's folder, its files written afresh: ready, ``updates`` progress
+    events with a commit every 100 updates, completed, and its exit.json."""
+    folder.mkdir(parents=True, exist_ok=True)
     at = launched + 1.0
     lines = [encode("ready", READY, at)]
     for step in range(1, updates + 1):
@@ -126,5 +126,39 @@ def test_a_followed_job_s_goodput_comes_from_its_events_without_reading_its_file
         assert rig.incidents.traces.reads == 0
         for number in (1, 2):
             assert (job_folder / "attempts" / str(number) / "goodput.json").is_file()
+
+    play(tmp_path, scenario)
+
+
+def test_a_summary_is_set_aside_when_its_events_file_changed_and_a_stop_ends_a_read(
+    tmp_path: Path,
+) -> None:
+    """A saved summary counts for the file it was made from: an events file replaced since
+    (another length) is read again; a read under way when the daemon closes its incident
+    log keeps and saves nothing."""
+
+    async def scenario(rig: Rig) -> None:
+        record = rig.job_in("long", JobState.COMPLETED)
+        folder = rig.root.job("long") / "attempts" / "1"
+        long_attempt(folder, 300, time.time() - 100.0)
+        traces = rig.incidents.traces
+        assert status.status(rig, {"job": "long"})["goodput"]["reading"] == [1]
+        await rig.until(lambda: not traces.reading)
+        assert status.status(rig, {"job": "long"})["goodput"]["new_updates"] == 300
+        saved = (folder / "goodput.json").read_text()
+        long_attempt(folder, 500, time.time() - 100.0)
+        later = IncidentLog(rig.root)
+        assert later.traces.goodput(rig.root.job("long"), record.history, time.time()).reading
+        await rig.until(lambda: not later.traces.reading)
+        found = later.traces.goodput(rig.root.job("long"), record.history, time.time())
+        assert (found.reading, found.new_updates, later.traces.reads) == ((), 500, 1)
+        assert (folder / "goodput.json").read_text() != saved
+        (folder / "goodput.json").unlink()
+        stopped = IncidentLog(rig.root)
+        assert stopped.traces.goodput(rig.root.job("long"), record.history, time.time()).reading
+        stopped.close()
+        await rig.until(lambda: not stopped.traces.reading)
+        assert (stopped.traces.tallies, (folder / "goodput.json").exists()) == ({}, False)
+        later.close()
 
     play(tmp_path, scenario)

@@ -12,6 +12,7 @@ rendering never waits for a file of any length.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -164,14 +165,18 @@ class Accounts:
         except RuntimeError:
             self._keep(folder, tallies.read(folder, number, self.stop))
             return
-        self.reading[folder] = self.background.spawn(self._reading(folder, number))
+        task = self.background.spawn(self._reading(folder, number))
+        self.reading[folder] = task
+        task.add_done_callback(functools.partial(self._read_done, folder))
+
+    def _read_done(self, folder: Path, task: asyncio.Task[None]) -> None:
+        """The read has ended, or was cancelled (perhaps before it began)."""
+        if self.reading.get(folder) is task:
+            del self.reading[folder]
 
     async def _reading(self, folder: Path, number: int) -> None:
         began = time.monotonic()
-        try:
-            found = await off_loop(tallies.read, folder, number, self.stop)
-        finally:
-            self.reading.pop(folder, None)
+        found = await off_loop(tallies.read, folder, number, self.stop)
         self.reads += 1
         log.info("goodput.read", folder=str(folder), seconds=round(time.monotonic() - began, 3))
         existing = self.tallies.get(folder)
