@@ -162,3 +162,26 @@ def test_a_summary_is_set_aside_when_its_events_file_changed_and_a_stop_ends_a_r
         later.close()
 
     play(tmp_path, scenario)
+
+
+def test_an_attempt_without_an_events_file_is_left_out_as_before(tmp_path: Path) -> None:
+    """A plain program's attempt has no events file: it is left out of the goodput at once
+    (nothing to read), as the whole files' accounting leaves it out."""
+
+    async def scenario(rig: Rig) -> None:
+        record = rig.job_in("plain", JobState.COMPLETED)
+        job_folder = rig.root.job("plain")
+        folder = job_folder / "attempts" / "1"
+        folder.mkdir(parents=True)
+        (folder / "job.json").write_text("{}")
+        ended = time.time() - 1.0
+        exit_record = {"exit_status": 0, "duration_s": 5.0, "ended": ended, "stopped_by": None}
+        (folder / "exit.json").write_text(json.dumps(exit_record))
+        found = status.status(rig, {"job": "plain"})["goodput"]
+        now = float(record.history[-1]["time"])
+        assert found["reading"] == []
+        same(found, whole_file_goodput(job_folder, record.history, now))
+        assert found["badput_s"]["startup"] == 0.0
+        assert rig.incidents.traces.reads == 0
+
+    play(tmp_path, scenario)

@@ -114,25 +114,30 @@ class Accounts:
             one = self._tally(attempts / str(number), number)
             if one is None:
                 reading.append(number)
-            elif not reading:
+            elif not reading and not one.absent:
                 found.append(one)
         if not reading:
             self._settle(attempts, found)
         return found, reading
 
     def _tally(self, folder: Path, number: int) -> Tally | None:
-        """The attempt's tally (its end looked up while live); None while it is read."""
+        """The attempt's tally (its end looked up until it has one); None while it is read."""
         found = self.tallies.get(folder)
+        if found is not None and found.absent and tallies.events_source(folder) is not None:
+            del self.tallies[folder]  # its events file has appeared since
+            found = None
         if found is None and folder not in self.reading:
             found = tallies.load(folder)
+            if found is None and tallies.events_source(folder) is None:
+                found = Tally(number, absent=True)
             if found is not None:
                 self._keep(folder, found)
         if found is None:
             self._read(folder, number)
             return None
-        if found.live:
+        if found.ended is None:
             found.launched, found.ended, found.stopped_by = launch_and_end(folder, found.head)
-            found.live = found.ended is None
+            found.live = found.live and found.ended is None
         return found
 
     def _settle(self, attempts: Path, found: list[Tally]) -> None:

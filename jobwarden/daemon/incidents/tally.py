@@ -68,6 +68,8 @@ class Tally:
     """(reached, replayed updates, their net time) once the split is known"""
     source: tuple[int, int] | None = None
     """the events file's (inode, size) the tally accounts for, once saved or read"""
+    absent: bool = False
+    """no events file (a plain program's attempt): left out of the job's goodput"""
 
     def feed(self, mark: Mark) -> None:
         """Account one more mark, as `goodput._attempt` does in its loop."""
@@ -224,7 +226,7 @@ def read(folder: Path, number: int, stop: threading.Event) -> Tally:
     is set; a line still being written is left out, as are lines appended after the file
     was measured, and the attempt's launch and end come from its folder."""
     tally, source = Tally(number), events_source(folder)
-    tally.source = source
+    tally.source, tally.absent = source, source is None
     size = source[1] if source is not None else 0
     try:
         with (folder / EVENTS_FILE).open("rb") as stream:
