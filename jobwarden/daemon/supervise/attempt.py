@@ -23,6 +23,7 @@ from jobwarden.daemon.launch.base import LaunchSpec, RunningAttempt
 from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.store.layout import Root
 from jobwarden.daemon.supervise.heartbeat import Heartbeat
+from jobwarden.daemon.supervise.malformed import MalformedLines
 from jobwarden.daemon.supervise.policy import AttemptReport, StopReason, supersedes
 from jobwarden.daemon.supervise.stall import StallWatch
 from jobwarden.daemon.supervise.verification import ReplayVerifier
@@ -142,6 +143,8 @@ class Attempt:
     """A plain program's heartbeat watch (None for a job that emits events)."""
     sample: dict[str, Any] = field(default_factory=dict)
     """The newest psutil sample of the attempt (the job record's is cleared when it ends)."""
+    malformed: MalformedLines | None = None
+    """Its malformed event lines, as the daemon's log is told of them (made at the first)."""
 
     @property
     def folder(self) -> Path:

@@ -29,6 +29,7 @@ from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.supervise import adoption, diagnosis, outcomes, policy
 from jobwarden.daemon.supervise import stallevidence as stalled
 from jobwarden.daemon.supervise.attempt import Attempt, prepare
+from jobwarden.daemon.supervise.malformed import MalformedLines
 from jobwarden.daemon.supervise.policy import Outcome, StopReason
 from jobwarden.daemon.supervise.services import Services
 from jobwarden.daemon.supervise.stall import StallPhase, StallWatch
@@ -189,13 +190,9 @@ class JobSupervisor:
             attempt.heartbeat.line(line.line)
             return
         self.services.stats.malformed_event_lines += 1
-        log.warning(
-            "event.malformed",
-            job=self.record.id,
-            attempt=attempt.number,
-            line=line.lineno,
-            reason=line.reason,
-        )
+        if attempt.malformed is None:
+            attempt.malformed = MalformedLines(self.record.id, attempt.number)
+        attempt.malformed.note(line)
 
     def _on_event(self, attempt: Attempt, event: Event) -> None:
         record, s = self.record, self.services
@@ -309,6 +306,8 @@ class JobSupervisor:
         attempt.stall.cancel()
         if attempt.heartbeat is not None:
             attempt.heartbeat.cancel()
+        if attempt.malformed is not None:
+            attempt.malformed.flush()
         self.attempt = None
         record.pid, record.sample = None, {}  # the attempt keeps its last sample as evidence
         exit_record = {**info.as_record(), "stopped_by": attempt.stop_reason, "ended": time.time()}
