@@ -95,3 +95,31 @@ def test_a_stopped_attempt_leaves_no_descendant_that_ignores_sigterm(tmp_path: P
     """A cancel (SIGTERM to the leader) also kills the grandchild that ignores SIGTERM."""
     info, survived = asyncio.run(run(tmp_path, True, "time.sleep(60)", stop=True))
     assert (info.status, survived) == (-signal.SIGTERM, False)
+
+
+ORPHAN = """
+import os, sys, time
+folder = sys.argv[1]
+if os.fork() == 0:
+    if os.fork() == 0:  # orphaned at once (its parent leaves), ends on its own soon after
+        with open(os.path.join(folder, "child.pid"), "w") as out:
+            out.write(str(os.getpid()))
+        time.sleep(0.2)
+    os._exit(0)
+time.sleep(1.0)
+"""
+
+
+def test_a_descendant_orphaned_during_the_attempt_is_not_left_a_zombie(tmp_path: Path) -> None:
+    """A grandchild orphaned (re-parented to the subreaper) that ends by itself while the
+    attempt runs is reaped: no zombie of it is left once the attempt has ended."""
+    spec = LaunchSpec("j", 1, tmp_path, [sys.executable, "-c", ORPHAN, str(tmp_path)], {})
+
+    async def run() -> ExitInfo:
+        attempt = await LocalLauncher().spawn(spec, "stderr.log")
+        return await asyncio.wait_for(attempt.follow(lambda e: None, lambda m: None), 15)
+
+    assert asyncio.run(run()).status == 0
+    pid = int((tmp_path / "child.pid").read_text())
+    zombies = [c.pid for c in psutil.Process().children() if c.status() == psutil.STATUS_ZOMBIE]
+    assert pid not in zombies

@@ -73,7 +73,9 @@ class LocalAttempt(ProcessGroupAttempt):
             return None
 
     def sample(self) -> dict[str, Any]:
-        """rss, cpu%, status and threads of the worker, from psutil."""
+        """rss, cpu%, status and threads of the worker, from psutil; descendants orphaned
+        meanwhile that have ended are reaped (`reaper.reap_orphans`)."""
+        reaper.reap_orphans()
         if self._ps is None:
             return {}
         try:

@@ -12,6 +12,8 @@ systemd, works the same on cgroup v1 and v2, and costs one scan of the
 daemon's own children.  Where prctl is refused, the strays are looked for
 among every process of the daemon's user instead (logged once).  A descendant
 that both clears its environment and leaves its group is not recognised.
+A descendant orphaned while its attempt runs and ending on its own is reaped
+by `reap_orphans` (at each sweep and each sample), so none is left a zombie.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ def sweep(group: int, folders: set[str]) -> int:
     those re-parented to this process; the number of strays killed.  Blocking: run off the loop."""
     with suppress_gone():
         os.killpg(group, signal.SIGKILL)
+    reap_orphans()
     killed = 0
     for _ in range(ROUNDS):
         found = strays(folders)
@@ -121,3 +124,24 @@ def _reap(pids: list[int]) -> None:
             if done or time.monotonic() > deadline:
                 break
             time.sleep(0.005)
+
+
+def reap_orphans() -> int:
+    """Reap this process's zombie children that it never started itself, the number reaped: a
+    child that leads no session came to it as an orphan (whatever the daemon starts leads one:
+    a worker, a spare, a hook), and nothing else waits for it."""
+    if not become_subreaper():
+        return 0
+    reaped = 0
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return 0
+    for child in children:
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE or os.getsid(child.pid) == child.pid:
+                continue
+            reaped += bool(os.waitpid(child.pid, os.WNOHANG)[0])
+        except (psutil.Error, OSError):  # reaped meanwhile, or gone
+            continue
+    return reaped
