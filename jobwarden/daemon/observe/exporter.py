@@ -2,8 +2,9 @@
 
 The collector (`metrics.render`) reads the daemon's job table, which only the
 loop may touch, so the loop renders the exposition every sampling turn and
-keeps the bytes; the HTTP server's threads serve the last rendering and never
-read the table.  ``--metrics-textfile`` writes the same text each turn, off
+keeps the bytes; the HTTP listener (`listener.Listener`, its own thread, at
+most 16 connections of at most 5 s each) serves the last rendering and never
+reads the table.  ``--metrics-textfile`` writes the same text each turn, off
 the loop, by a pending sibling, fsync and rename (`files.write_text_atomic`),
 so node_exporter's textfile collector (which reads only ``*.prom``) never
 sees half a file.  Both are off by default; the listener binds loopback
@@ -14,18 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import threading
 from collections.abc import Callable, Coroutine
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import structlog
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from jobwarden.daemon.background import off_loop
 from jobwarden.daemon.config import MetricsSettings
+from jobwarden.daemon.observe.listener import Listener
 from jobwarden.daemon.store.evidence import describe
 from jobwarden.errors import JobwardenError
 from jobwarden.files import PENDING_SUFFIX, Directory, write_all
@@ -62,55 +60,6 @@ def parse_address(text: str) -> tuple[str, int]:
     return host or LOOPBACK, int(port)
 
 
-class Server(ThreadingHTTPServer):
-    """The ``/metrics`` listener; its handler threads read only `exposition`."""
-
-    daemon_threads = True
-    exposition = b""
-
-    def __init__(self, host: str, port: int) -> None:
-        if ":" in host:
-            self.address_family = socket.AF_INET6
-        super().__init__((host, port), Handler)
-
-
-class Handler(BaseHTTPRequestHandler):
-    """GET (or HEAD) ``/metrics``; anything else is 404.
-
-    The body is `generate_latest`'s classic text format, so its content type is
-    ``version=0.0.4`` (what prometheus_client's own server answers by default).
-    """
-
-    server: Server
-    protocol_version = "HTTP/1.1"
-    timeout = 30
-    """An idle keep-alive connection is closed after this many seconds."""
-
-    def do_GET(self) -> None:
-        """The last rendering."""
-        self._answer(body=True)
-
-    def do_HEAD(self) -> None:
-        """The headers of the last rendering."""
-        self._answer(body=False)
-
-    def _answer(self, body: bool) -> None:
-        path = self.path.split("?", 1)[0]
-        if path in ("/metrics", "/metrics/"):
-            status, kind, data = 200, CONTENT_TYPE_PLAIN_0_0_4, self.server.exposition
-        else:
-            status, kind, data = 404, "text/plain; charset=utf-8", b"not found; try /metrics\n"
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if body:
-            self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Scrapes are not logged: one every few seconds would drown the daemon's log."""
-
-
 def write_textfile(path: Path, text: str) -> None:
     """Durably replace ``path`` with ``text``, mode 0644 whatever the umask.
 
@@ -144,8 +93,7 @@ class Exporter:
         self.listen = settings.listen
         self.textfile = settings.textfile
         self.interval_s = interval_s
-        self.server: Server | None = None
-        self.thread: threading.Thread | None = None
+        self.server: Listener | None = None
         self.textfile_error: str | None = None
         self.renderings = 0
 
@@ -154,15 +102,12 @@ class Exporter:
         if self.listen is not None:
             host, port = parse_address(self.listen)
             try:
-                self.server = Server(host, port)
+                self.server = Listener(host, port)
             except OSError as error:
                 raise MetricsListenError(self.listen, describe(error)) from error
             self.refresh()
-            self.thread = threading.Thread(
-                target=self.server.serve_forever, name="metrics-http", daemon=True
-            )
-            self.thread.start()
-            bound = self.server.server_address
+            self.server.start()
+            bound = self.server.address
             log.info("metrics.listening", host=bound[0], port=bound[1], path="/metrics")
         if self.server is not None or self.textfile is not None:
             spawn(self.run())
@@ -201,7 +146,4 @@ class Exporter:
     def close(self) -> None:
         """Stop the listener and its thread."""
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-        if self.thread is not None:
-            self.thread.join(5)
+            self.server.close()
