@@ -33,9 +33,12 @@ class Wardend(harness.Wardend):
 
 
 @contextlib.contextmanager
-def running(root: Path, cache: Path | None, *extra: str) -> Iterator[Wardend]:
-    """A started daemon, stopped (SIGTERM) on the way out."""
-    daemon = Wardend(root, cache, *extra)
+def running(
+    root: Path, cache: Path | None, *extra: str, stderr: Path | None = None
+) -> Iterator[Wardend]:
+    """A started daemon (its stderr to ``stderr``, or the harness's file), stopped (SIGTERM)
+    on the way out."""
+    daemon = Wardend(root, cache, *extra, stderr=stderr)
     try:
         yield daemon.start()
     finally:

@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     except JobwardenError as error:  # RootUnsafeError, RootLockedError
         sys.stderr.write(f"wardend: {error.message}\n")
         return error.exit_status
-    stream = logs.configure(root.log)
+    daemon_log = logs.configure(root.log)
     options = Options(
         max_concurrent=args.max_concurrent,
         socket=args.socket,
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"wardend: {error.message}\n")
         return error.exit_status
     finally:
-        stream.close()
+        daemon_log.close()
         os.close(lock)
 
 

@@ -1,9 +1,25 @@
-"""The daemon's log: structlog JSON lines to stderr and to ``ROOT/wardend.log`` (mode 0600)."""
+"""The daemon's log: structlog JSON lines to stderr and to ``ROOT/wardend.log`` (mode 0600).
+
+Each stream is written by a thread of its own, from a bounded queue of whole
+lines, so that no log record ever waits on the loop for a slow disk or for the
+reader of stderr (journald under load, a terminal paused with Ctrl-S, a pipe
+nobody reads).  Before this, every record was one synchronous write on the
+loop: once a stderr pipe's 64 KiB filled, the daemon stopped answering.  A
+stream that falls `QUEUE_LINES` behind loses the newest lines, counted, and
+writes one ``log.dropped`` record naming how many once it catches up; the
+other stream is not held back by it.  At exit the queues are drained for at
+most `DRAIN_S` in all.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import sys
+import threading
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
@@ -11,32 +27,106 @@ import structlog
 
 from jobwarden.daemon.store.rootcheck import open_private
 
+QUEUE_LINES = 10_000
+"""Lines a stream may fall behind (a few MB at most) before the newest are dropped."""
+DRAIN_S = 5.0
+"""How long `Log.close` waits for each stream to write what it still holds."""
 
-class Tee:
-    """A text stream that writes every line to several streams."""
 
-    def __init__(self, *streams: IO[str]) -> None:
-        self.streams = streams
+class LineWriter:
+    """One stream, written by its own thread from a bounded queue of whole lines."""
+
+    def __init__(self, stream: IO[str], name: str, capacity: int = QUEUE_LINES) -> None:
+        self.stream = stream
+        self.lines: queue.Queue[str | None] = queue.Queue(capacity)
+        self.lock = threading.Lock()
+        self.dropped = 0
+        self.thread = threading.Thread(target=self._run, name=f"log-{name}", daemon=True)
+        self.thread.start()
+
+    def write(self, line: str) -> None:
+        """Queue one whole line; never blocks (a full queue drops it, counted)."""
+        try:
+            self.lines.put_nowait(line)
+        except queue.Full:
+            with self.lock:
+                self.dropped += 1
+
+    def close(self, timeout: float = DRAIN_S) -> bool:
+        """Write what is queued (for at most ``timeout`` s); True if all of it was written."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.lines.put(None, timeout=max(0.0, deadline - time.monotonic()))
+                break
+            except queue.Full:
+                if time.monotonic() >= deadline:
+                    return False
+        self.thread.join(max(0.0, deadline - time.monotonic()))
+        return not self.thread.is_alive()
+
+    def _run(self) -> None:
+        while (line := self.lines.get()) is not None:
+            try:
+                self.stream.write(line)
+                with self.lock:
+                    dropped, self.dropped = self.dropped, 0
+                if dropped:
+                    self.stream.write(dropped_record(dropped))
+                self.stream.flush()
+            except (OSError, ValueError):  # a closed stderr: this stream is gone, not the daemon
+                return
+
+
+def dropped_record(count: int) -> str:
+    """The line that stands for ``count`` lines a stream could not keep up with."""
+    return (
+        json.dumps(
+            {
+                "lines": count,
+                "reason": f"this stream fell {QUEUE_LINES} lines behind",
+                "event": "log.dropped",
+                "level": "warning",
+                "timestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+            }
+        )
+        + "\n"
+    )
+
+
+class Log:
+    """The daemon's log streams: what structlog writes to, each line to every stream."""
+
+    def __init__(self, *writers: LineWriter) -> None:
+        self.writers = writers
 
     def write(self, text: str) -> int:
-        """Write ``text`` to every stream."""
-        for stream in self.streams:
-            stream.write(text)
+        """Queue ``text`` (one whole record and its newline) for every stream."""
+        for writer in self.writers:
+            writer.write(text)
         return len(text)
 
     def flush(self) -> None:
-        """Flush every stream."""
-        for stream in self.streams:
-            stream.flush()
+        """Nothing to do here: each stream's thread flushes after each line."""
+
+    def close(self) -> None:
+        """Drain the streams (for at most `DRAIN_S` in all), then close the file."""
+        deadline = time.monotonic() + DRAIN_S
+        for writer in self.writers:
+            writer.close(max(0.0, deadline - time.monotonic()))
+        for writer in self.writers:
+            if writer.stream is not sys.stderr and not writer.thread.is_alive():
+                writer.stream.close()
 
 
-def configure(log_file: Path) -> IO[str]:
-    """Route structlog to stderr and ``log_file``; returns the opened file (close it at exit).
+def configure(log_file: Path) -> Log:
+    """Route structlog to stderr and ``log_file``; returns the `Log` (close it at exit).
 
     The file is opened without following a link and kept mode 0600 whatever the umask.
     """
     fd = open_private(log_file, os.O_WRONLY | os.O_APPEND)
     stream = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
+    log = Log(LineWriter(sys.stderr, "stderr"), LineWriter(stream, "file"))
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -45,7 +135,7 @@ def configure(log_file: Path) -> IO[str]:
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(default=str),
         ],
-        logger_factory=structlog.PrintLoggerFactory(Tee(sys.stderr, stream)),  # type: ignore[arg-type]
+        logger_factory=structlog.WriteLoggerFactory(log),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
-    return stream
+    return log
