@@ -32,8 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from figures import Figure, at_most, records
 
+# Run as a script, import through the repository, as bench/reliability.py does.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.figures import Figure, at_most, records
 from jobwarden.daemon.observe.hooks import Channel
 from jobwarden.daemon.observe.sinks import DeliveryError, ExecHook, Sink, Webhook
 

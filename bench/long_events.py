@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -32,8 +33,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from figures import at_most, context, records
+# Run as a script, import through the repository, as bench/reliability.py does.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.figures import at_most, context, records
 from jobwarden.control import harness
 from jobwarden.control.client import DaemonBusy, DaemonUnreachable
 from jobwarden.events import encode
