@@ -120,3 +120,48 @@ def test_slow_metrics_clients_leave_descriptors_for_requests(
         assert answer.get("accepted") is True, seen
         assert taken is not None, seen
         assert fds_during < limit - 8, seen
+
+
+def lowest_free_fd(pid: int) -> int:
+    """The descriptor number ``pid``'s next open would get."""
+    held = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+    return next(fd for fd in range(len(held) + 1) if fd not in held)
+
+
+def log_events(root: Path, name: str) -> list[dict[str, Any]]:
+    """The daemon's log records of event ``name``."""
+    lines = (root / "wardend.log").read_text().splitlines()
+    return [record for line in lines if (record := json.loads(line)).get("event") == name]
+
+
+def test_requests_met_by_emfile_are_answered_or_kept_never_lost(
+    tmp_path: Path, compile_cache: Path
+) -> None:
+    """Out of descriptors: a socket submit is answered control.exhausted (nothing kept), a
+    dropped file stays in the spool unrejected, logged once; both taken once fds return."""
+    root = tmp_path / "root"
+    with Daemon(root, compile_cache) as daemon:
+        soft, _ = resource.prlimit(daemon.pid, resource.RLIMIT_NOFILE)
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(10)
+            conn.connect(str(daemon.socket))
+            assert exchange(conn, "version")["ok"]
+            resource.prlimit(daemon.pid, resource.RLIMIT_NOFILE, (lowest_free_fd(daemon.pid), soft))
+            try:
+                refused = exchange(conn, "submit", name="sent.toml", content=linreg_job("sent"))
+                daemon.drop("dropped.toml", linreg_job("dropped", run={"steps": 2}))
+                time.sleep(3)  # three rescans at 1 s
+                kept = os.listdir(root / "spool" / "incoming") + os.listdir(
+                    root / "spool" / "claimed"
+                )
+                rejected = os.listdir(root / "spool" / "rejected")
+            finally:
+                resource.prlimit(daemon.pid, resource.RLIMIT_NOFILE, (soft, soft))
+        assert refused["error"]["code"] == "control.exhausted", refused
+        assert "nothing was kept" in refused["error"]["message"]
+        assert [name.endswith("dropped.toml") for name in kept] == [True]
+        assert rejected == []
+        assert daemon.wait("dropped")["state"] == "completed"
+        assert daemon.ask("submit", name="sent.toml", content=linreg_job("sent"))["accepted"]
+        assert len(log_events(root, "spool.short_of_resources")) == 1
+        assert log_events(root, "spool.resources_back")[0]["put_off"] >= 3

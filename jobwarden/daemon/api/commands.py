@@ -21,7 +21,9 @@ from jobwarden.daemon.api import examine, status, tailing
 from jobwarden.daemon.api.arguments import int_arg, job_record
 from jobwarden.daemon.api.lifecycle import Lifecycle
 from jobwarden.daemon.background import off_loop
+from jobwarden.daemon.intake.queue import Kept, short_of_resources
 from jobwarden.daemon.intake.spool import Rejection, name_problems
+from jobwarden.daemon.store.evidence import describe
 from jobwarden.daemon.supervise.attempt import output_entry, stdout_name
 from jobwarden.decoding import loads_json
 from jobwarden.jobfile import NAME_PATTERN
@@ -166,13 +168,31 @@ async def submit(daemon: View, args: dict[str, Any]) -> Any:
     directory, so the daemon performs the Maildir drop itself (write in
     spool/tmp, fsync, rename into spool/incoming) and reports the outcome.
     The drop and the intake run in the intake thread; a failed drop leaves
-    nothing behind.
+    nothing behind.  Short of descriptors, memory or space, the answer is
+    ``control.exhausted``: nothing was kept if the drop failed; a request
+    dropped but not yet taken in stays in the spool for the next rescan.
     """
     name, content = args.get("name"), args.get("content")
     problems = submit_problems(name, content)
     if problems or not isinstance(name, str) or not isinstance(content, str):
         raise ControlError("control.bad_request", "submit: " + "; ".join(problems))
-    taken = await daemon.intake_queue.submit(name, content.encode())
+    try:
+        taken = await daemon.intake_queue.submit(name, content.encode())
+    except OSError as error:
+        if not short_of_resources(error):
+            raise
+        raise ControlError(
+            "control.exhausted",
+            f"submit: the daemon is short of resources ({describe(error)}); "
+            "nothing was kept: send it again",
+        ) from error
+    if isinstance(taken, Kept):
+        raise ControlError(
+            "control.exhausted",
+            f"submit: the daemon is short of resources ({taken.problem}); the request is "
+            f"kept in its spool as {taken.name} and is taken in at a rescan once they "
+            "return (status or rejected shows it then): do not send it again",
+        )
     if taken is None:
         raise ControlError("control.busy", "the request was not taken in (daemon stopping)")
     if isinstance(taken, Rejection):

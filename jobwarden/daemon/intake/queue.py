@@ -9,20 +9,30 @@ job, queue it) when the batch returns, then hands over the next.  A rescan
 lists the spool in the thread too, once the paths already queued are taken.
 
 Nothing a request does escapes this module: a failure in one file is logged
-and that file is left in the spool for the next scan; the others go on.
+and that file is left in the spool for the next scan; the others go on.  A
+failure for want of the system's resources (descriptors, memory, space:
+`short_of_resources`) is the system's, not the request's: the file is
+never rejected for it, only left where it is (``spool/incoming`` or
+``spool/claimed``) for the next rescan, which lists both; an inotify event
+missed meanwhile is covered by the same rescan.  Such failures are logged once
+per episode (``spool.short_of_resources``, then ``spool.resources_back`` with
+how many takes and scans were put off).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
 from jobwarden.daemon.intake import spool
+from jobwarden.daemon.store.evidence import describe
 from jobwarden.jobfile import Job
 
 log = structlog.get_logger("wardend.intake")
@@ -30,8 +40,29 @@ log = structlog.get_logger("wardend.intake")
 BATCH = 16
 """Paths handed to the intake thread at once; their outcomes are applied in one loop turn."""
 
-Taken = Job | spool.Rejection | None
-"""A request's outcome: a durable job, a durable rejection, or nothing to do."""
+RESOURCE_ERRNOS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.ENOSPC, errno.EDQUOT}
+)
+"""What the system is short of (descriptors, memory, space), whatever the request holds."""
+
+
+def short_of_resources(error: BaseException) -> bool:
+    """Whether ``error`` says the system is short of something, not that a file is wrong."""
+    return isinstance(error, OSError) and error.errno in RESOURCE_ERRNOS
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A request left in the spool (``name``, in incoming or claimed) for the next scan,
+    because taking it failed for want of resources (``problem``)."""
+
+    name: str
+    problem: str
+
+
+Taken = Job | spool.Rejection | Kept | None
+"""A request's outcome: a durable job, a durable rejection, a request kept in the spool for
+the next scan, or nothing to do."""
 
 
 class Intake:
@@ -43,6 +74,8 @@ class Intake:
         self.pending: dict[Path, list[asyncio.Future[Taken]]] = {}
         self.scan_wanted = False
         self.closed = False
+        self.put_off = 0
+        """Takes and scans put off for want of resources in the episode under way (0: none)."""
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wardend-intake")
         self._task: asyncio.Task[None] | None = None
 
@@ -65,7 +98,8 @@ class Intake:
     async def submit(self, name: str, data: bytes) -> Taken:
         """Drop a request into the spool as a writer would, and take it in ahead of the queue.
 
-        Raises OSError when the drop itself fails (nothing is left in spool/tmp).
+        Raises OSError when the drop itself fails (nothing is left in spool/tmp); a take
+        put off for want of resources is `Kept`.
         """
         if self.closed:
             return None
@@ -125,7 +159,7 @@ class Intake:
             self._task = None
 
     def _apply(self, taken: Taken) -> None:
-        if taken is None:
+        if taken is None or isinstance(taken, Kept):
             return
         try:
             self.admit(taken)
@@ -136,22 +170,49 @@ class Intake:
 
     def _scan(self) -> list[Path]:
         try:
-            return spool.pending_requests(self.spool.root)
+            found = spool.pending_requests(self.spool.root)
         except Exception as error:  # the next scan tries again
-            log.error("spool.scan_failed", exc_info=error)
+            if not self._short(error, "scan"):
+                log.error("spool.scan_failed", exc_info=error)
             return []
+        self._recovered()
+        return found
 
     def _take_all(self, paths: list[Path]) -> list[Taken]:
         return [self._take(path) for path in paths]
 
     def _take(self, path: Path) -> Taken:
         try:
-            return self.spool.take(path)
+            taken = self.spool.take(path)
         except OSError as error:  # left in the spool; the next scan tries again
+            if self._short(error, spool.printable(str(path))):
+                return Kept(path.name, describe(error))
             log.error("spool.error", file=spool.printable(str(path)), error=repr(error))
         except Exception as error:
             log.error("spool.failed", file=spool.printable(str(path)), exc_info=error)
+        else:
+            self._recovered()
+            return taken
         return None
+
+    def _short(self, error: BaseException, what: str) -> bool:
+        """Whether ``error`` is a want of resources; the first of an episode is logged."""
+        if not isinstance(error, OSError) or not short_of_resources(error):
+            return False
+        if not self.put_off:
+            log.warning(
+                "spool.short_of_resources",
+                error=describe(error),
+                first=what,
+                retry="at the next rescan; requests stay in the spool",
+            )
+        self.put_off += 1
+        return True
+
+    def _recovered(self) -> None:
+        if self.put_off:
+            log.info("spool.resources_back", put_off=self.put_off)
+            self.put_off = 0
 
     def _drop_and_take(self, name: str, data: bytes) -> Taken:
         return self._take(spool.drop(self.spool.root, name, data))

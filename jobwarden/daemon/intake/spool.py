@@ -227,6 +227,8 @@ class Spool:
         except Exception as error:  # whatever a request does, it ends as a rejection
             log.error("spool.validation_failed", file=printable(name), exc_info=error)
             problems, verdict = [f"validation failed: {type(error).__name__}: {error!s:.200}"], None
+        if problems == [ALREADY_ACCEPTED]:
+            return self._made_already(claimed, verdict[0] if verdict else None)
         if verdict is not None:
             job, raw = verdict
             try:
@@ -243,10 +245,20 @@ class Spool:
             claimed.unlink()
             self.accepted[job.id] = record
             return job
-        if problems == [ALREADY_ACCEPTED]:
+        return self._reject(claimed, name, problems)
+
+    def _made_already(self, claimed: Path, job: Job | None) -> Job | None:
+        """A claimed file whose job folder was made from it: the job if the daemon has not
+        adopted it yet (the take that made the folder failed after it, out of descriptors,
+        say), None if it has or is about to (a crash after the folder was made, a second
+        claimed copy); the file goes either way."""
+        if job is None or self.known(job.id) or job.id in self.accepted:
             claimed.unlink()
             return None
-        return self._reject(claimed, name, problems)
+        record = jobs.read_folder(self.root.job(job.id))
+        claimed.unlink()
+        self.accepted[job.id] = record
+        return job
 
     def _validate(self, claimed: Path, name: str) -> tuple[list[str], tuple[Job, bytes] | None]:
         info = os.lstat(claimed)
@@ -271,7 +283,7 @@ class Spool:
         folder = self.root.job(job.id)
         if self.known(job.id) or os.path.lexists(folder):
             if jobs.holds_request(folder, claimed):
-                return [ALREADY_ACCEPTED], None
+                return [ALREADY_ACCEPTED], (job, raw)
             return [f"id: duplicate job id {job.id!r}: a job with this id already exists"], None
         return [], (job, raw)
 

@@ -311,17 +311,30 @@ def create_folder(
     return record
 
 
+NOT_THERE = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+"""What a folder that is not this daemon's job folder raises when it is read."""
+
+
 def holds_request(folder: Path, claimed: Path) -> bool:
-    """Whether a job folder was made from this claimed file (a crash before its unlink)."""
+    """Whether a job folder was made from this claimed file (a crash, or a failure to open a
+    file, before its unlink).
+
+    Raises any other OSError (EMFILE, EIO...): the answer is not known then, and a wrong
+    "no" would reject the request as a duplicate of its own job.
+    """
     try:
         saved = json.loads((folder / "state.json").read_text())
         if isinstance(saved, dict) and saved.get("claim") == claimed.name:
             return True
-    except (OSError, ValueError):
+    except (*NOT_THERE, ValueError):
         pass
     # An older daemon kept the request by hard link: the same inode.
     mine = os.lstat(claimed)
-    for request in folder.glob("request.*"):
+    try:
+        entries = list(folder.iterdir())
+    except NOT_THERE:
+        return False
+    for request in (path for path in entries if path.name.startswith("request.")):
         theirs = os.lstat(request)
         if (theirs.st_dev, theirs.st_ino) == (mine.st_dev, mine.st_ino):
             return True
