@@ -3,17 +3,21 @@
 A daemon that is alive but cannot take the request now (its listen backlog is
 full, it already serves its maximum of clients, or it does not answer in time)
 is *busy*, which is not the same as *not running*: `request` retries a full
-backlog or a ``control.busy`` answer with a short backoff until its timeout,
-then raises `DaemonBusy`.
+backlog, a ``control.busy`` answer, or a connection closed before the request
+was written whole (a broken pipe and no answer), with a short backoff until its
+timeout, then raises `DaemonBusy`.  Each of these proves that the daemon did not
+run the request; a request that went unanswered after it was written is never
+sent again.  Only the first line of an answer is the answer: a ``control.busy``
+line may follow it when the daemon closes the connection.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import itertools
 import json
 import os
+import random
 import socket
 import time
 from pathlib import Path
@@ -73,7 +77,8 @@ def request(path: Path, cmd: str, timeout: float = 10.0, **args: Any) -> Any:
     Raises ControlError (the daemon refused it), DaemonUnreachable (nothing
     listens on ``path``) or DaemonBusy (no answer within ``timeout`` seconds).
     A request is sent again only when the daemon has not read it (a full
-    backlog, a ``control.busy`` answer), never after it went unanswered.
+    backlog, a ``control.busy`` answer, a broken pipe before any answer), never
+    after it went unanswered.
     """
     line = json.dumps(
         {"v": PROTOCOL_VERSION, "id": next(_ids), "cmd": cmd, "args": args}, allow_nan=False
@@ -88,7 +93,8 @@ def request(path: Path, cmd: str, timeout: float = 10.0, **args: Any) -> Any:
                 raise DaemonBusy(
                     f"wardend is busy on {path}: {busy}, for {timeout:g} s", socket=str(path)
                 ) from None
-            time.sleep(pause)
+            # Jittered, so that clients told busy at once retry apart (no secret: S311).
+            time.sleep(pause * random.uniform(0.5, 1.0))  # noqa: S311
             pause = min(pause * 2, RETRY_S[1])
             continue
         if reply.get("ok"):
@@ -150,13 +156,16 @@ def _connect(path: Path, deadline: float) -> socket.socket:
 
 def _exchange(path: Path, line: bytes, deadline: float, timeout: float) -> dict[str, Any]:
     buffer = bytearray()
+    taken = True
     with _connect(path, deadline) as conn:
         try:
             # A daemon that refuses the connection at once (busy, forbidden) may close it
             # before our request is written: its answer is read all the same.
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            try:
                 conn.sendall(line)
-            while not buffer.endswith(b"\n"):
+            except (BrokenPipeError, ConnectionResetError):
+                taken = False  # the line never arrived whole: the daemon cannot have run it
+            while b"\n" not in buffer:
                 conn.settimeout(max(0.001, deadline - time.monotonic()))
                 chunk = conn.recv(1 << 20)
                 if not chunk:
@@ -168,10 +177,13 @@ def _exchange(path: Path, line: bytes, deadline: float, timeout: float) -> dict[
             ) from error
         except ConnectionResetError:
             pass
-    if not buffer.endswith(b"\n"):
+    if b"\n" not in buffer:
+        if not taken and not buffer:
+            raise _Busy("it closed the connection before taking the request")
         raise DaemonUnreachable(f"wardend closed the connection on {path}", socket=str(path))
+    answer = buffer[: buffer.index(b"\n") + 1]  # a busy line may follow: this one answers
     try:
-        reply = orjson.loads(buffer)  # strict JSON, as json.loads with NaN refused; 4x faster
+        reply = orjson.loads(answer)  # strict JSON, as json.loads with NaN refused; 4x faster
     except ValueError as error:
         raise DaemonUnreachable(
             f"wardend sent an answer that is not JSON on {path}: {error}", socket=str(path)

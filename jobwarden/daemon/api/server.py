@@ -1,41 +1,55 @@
-"""The control socket's server side: peer-credential checks, bounded requests, dispatch.
+"""The control socket's server side: peer-credential checks, admission, bounded requests,
+dispatch.
 
-Every connection's peer is checked with SO_PEERCRED: root, the daemon's own
-uid, or a member of the configured group; anyone else is refused and the
-refusal logged, without taking a slot.  Every connection is bounded: at most
-`MAX_CLIENTS` are served at once, a request line of at most
-`MAX_REQUEST_BYTES` is read within the timeout, and each answer must be taken
-by the client within the same timeout, or the connection is dropped with
-whatever it had buffered.  When every slot is taken, a new client takes the
-slot of the connection that has waited longest without sending a complete
-request (a silent connect, a slowloris), or else of the one whose answer has
-waited longest for it to read; that connection gets a ``control.busy`` line
-(when it can still take one) and is closed.  Only when every slot is busy
-answering does the new client get ``control.busy``.  So a slow, silent or
-malformed client never blocks the loop or other clients, never keeps an
-honest client out for long, and never holds memory for long.  Handlers are plain functions
-run on the daemon's loop; any exception in one is an error answer, never a
-silent hang-up.
+Every connection's peer is checked with SO_PEERCRED as it is accepted: root, the
+daemon's own uid, or a member of the configured group; anyone else is told
+``control.forbidden``, the refusal logged, without taking a slot.  At most
+`MAX_CLIENTS` connections are served at once; a client that finds them all taken
+waits for one, nothing of it read meanwhile, in a waiting room of `waiting_room`
+places (at most `BACKLOG`, and a quarter of the daemon's descriptors), for at most
+`admission.WAIT_S`.  Who is served next, whose slot is taken back for whom, and who
+is pushed out of a full room is `admission.Admission`'s policy: a client whose
+request is already in its socket first, root and the daemon's uid before the
+control group, the uid holding the fewest slots before the others; a slot is taken
+back only from a connection that had its chance (no complete request within
+`admission.GRACE_S`, an answer not taken within `admission.STUCK_S`), of the uid
+holding the most.  Every client so refused is told ``control.busy`` ending in
+"retry", a line that reaches it (written, then the connection closed, never
+aborted): a request so refused was never read, so that wardenctl may send it again.
+An honest burst is served in turn (1,000 clients at once: 1,000 answers), and one
+uid of the control group holding every slot and every place keeps root waiting
+`GRACE_S` or `STUCK_S` at most.  Out of descriptors, `listener.Listener` still tells
+each client busy, on a descriptor it keeps in reserve.
+
+A served connection is bounded too: a request line of at most `MAX_REQUEST_BYTES`
+is read within the timeout, and each answer must be taken by the client within the
+same timeout, or the connection is dropped with whatever it had buffered.  So a
+slow, silent or malformed client never blocks the loop or other clients, never
+keeps an honest client out for long, and never holds memory for long.  Handlers are
+plain functions run on the daemon's loop; any exception in one is an error answer,
+never a silent hang-up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
-import enum
 import grp
 import inspect
 import os
+import resource
 import socket
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from jobwarden.daemon.api.admission import WAIT_S, Admission, Phase, Slot, Waiter, has_request
+from jobwarden.daemon.api.listener import Listener
 from jobwarden.protocol import (
     MAX_REQUEST_BYTES,
     ControlError,
@@ -51,10 +65,20 @@ READ_TIMEOUT_S = 5.0
 HANDLER_TIMEOUT_S = 60.0
 MAX_CLIENTS = 64
 """Connections served at once; each may hold a request line and an answer in memory."""
-STUCK_S = 0.5
-"""How long an answer waits for its client before a new client may take the slot."""
 BACKLOG = 1024
 """Connections the kernel queues before the daemon accepts them (asyncio's default is 100)."""
+TICK_S = 0.05
+"""How often, while clients wait for a slot, the queue is looked over."""
+
+
+def waiting_room() -> int:
+    """How many accepted clients may wait for a slot: `BACKLOG`, or a quarter of the
+    daemon's descriptors when that is fewer, so that waiting clients never starve the
+    daemon's own files of descriptors."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return BACKLOG
+    return max(1, min(BACKLOG, soft // 4))
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
@@ -81,29 +105,6 @@ heap fragmented: without a trim the daemon's rss stays at its peak after an
 attack has ended."""
 
 
-class Phase(enum.Enum):
-    """What a connection in a slot waits for."""
-
-    READING = "a complete request line from the client"
-    ANSWERING = "the daemon's answer"
-    SENDING = "the client to take its answer"
-
-
-@dataclass(eq=False)
-class Slot:
-    """One served connection: what it waits for, and since when (monotonic)."""
-
-    writer: asyncio.StreamWriter
-    task: asyncio.Task[Any] | None
-    phase: Phase = Phase.READING
-    since: float = field(default_factory=time.monotonic)
-    evicted: bool = False
-
-    def wait(self, phase: Phase) -> None:
-        """Enter ``phase`` now."""
-        self.phase, self.since = phase, time.monotonic()
-
-
 class ControlServer:
     """Serves the control protocol on one Unix socket."""
 
@@ -119,9 +120,11 @@ class ControlServer:
         self.gid = grp.getgrnam(group).gr_gid if group else None
         self.members = set(grp.getgrnam(group).gr_mem) if group else set()
         self.read_timeout_s = read_timeout_s
-        self.server: asyncio.Server | None = None
+        self.listener: Listener | None = None
+        self.admission = Admission({0, os.getuid()}, MAX_CLIENTS, waiting_room())
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._ticking: asyncio.TimerHandle | None = None
         self.refused = 0
-        self.slots: dict[asyncio.StreamWriter, Slot] = {}
         self.busy = 0
         self.evicted = 0
         self._trimmed_at = 0
@@ -152,11 +155,14 @@ class ControlServer:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.is_socket():
             self.path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177 if self.gid is None else 0o117)
         try:
-            self.server = await asyncio.start_unix_server(
-                self._serve, path=str(self.path), limit=MAX_REQUEST_BYTES + 1, backlog=BACKLOG
-            )
+            sock.bind(str(self.path))
+            sock.listen(BACKLOG)
+        except BaseException:
+            sock.close()
+            raise
         finally:
             os.umask(old)
         if self.gid is not None:
@@ -164,73 +170,126 @@ class ControlServer:
             self.path.chmod(0o660)
         else:
             self.path.chmod(0o600)
+        self.listener = Listener(sock, self._accepted, self._tell_busy, BACKLOG)
+        self.listener.start(asyncio.get_running_loop())
 
     async def close(self) -> None:
-        """Stop accepting and remove the socket file."""
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
+        """Stop accepting, tell the waiting clients busy, and remove the socket file."""
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+        while (waiter := self.admission.next_waiter()) is not None:
+            self._tell_busy(waiter.conn, "the daemon is stopping")
+        if self._ticking is not None:
+            self._ticking.cancel()
         self.path.unlink(missing_ok=True)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _accepted(self, conn: socket.socket) -> None:
+        """A new connection: refused, served at once, or queued for a slot."""
         try:
-            pid, uid, gid = peer_credentials(writer.get_extra_info("socket"))
-            if not self.allowed(uid, gid):
-                self._refuse(writer, pid, uid, gid)
-            elif len(self.slots) < MAX_CLIENTS or self._evict():
-                await self._hold(reader, writer, pid)
-            else:
-                self.busy += 1
-                message = f"the daemon serves {MAX_CLIENTS} clients already"
-                writer.write(encode_error(None, "control.busy", message))
-        except (ConnectionError, OSError, TimeoutError):
-            pass
-        finally:
-            await self._finish(writer)
+            pid, uid, gid = peer_credentials(conn)
+        except OSError:
+            conn.close()
+            return
+        if not self.allowed(uid, gid):
+            self._refuse(conn, pid, uid, gid)
+            return
+        waiter = Waiter(conn, pid, uid, time.monotonic(), has_request(conn))
+        if self.admission.free():
+            self._grant(waiter)
+            return
+        pushed_out = self.admission.enqueue(waiter)
+        if pushed_out is not None:
+            waiting = self.admission.waiting
+            self._tell_busy(pushed_out.conn, f"{MAX_CLIENTS} clients served, {waiting} waiting")
+        self._make_room()
+        if self.admission.waiting and self._ticking is None:
+            self._ticking = asyncio.get_running_loop().call_later(TICK_S, self._tick)
 
-    async def _hold(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pid: int
-    ) -> None:
-        """Serve one connection in a slot until it ends or is evicted."""
-        slot = Slot(writer, asyncio.current_task())
-        self.slots[writer] = slot
+    def _tell_busy(self, conn: socket.socket, why: str) -> None:
+        """Answer an unread connection ``control.busy`` and close it: its request, never
+        read, may be sent again."""
+        self.busy += 1
+        message = f"{why}: retry"
+        with contextlib.suppress(OSError):  # a fresh socket's buffer takes the line at once
+            conn.send(encode_error(None, "control.busy", message))
+        conn.close()
+
+    def _grant(self, waiter: Waiter) -> None:
+        slot = self.admission.take(waiter.uid)
+        task = asyncio.get_running_loop().create_task(self._serve(waiter, slot))
+        slot.task = task
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _release(self, slot: Slot) -> None:
+        """Free ``slot`` and hand it on to the next waiter."""
+        if not self.admission.release(slot):
+            return
+        while self.admission.free() and (waiter := self.admission.next_waiter()) is not None:
+            self._grant(waiter)
+        if not self.admission.slots and self.pressure != self._trimmed_at:
+            self._trimmed_at = self.pressure
+            release_memory()
+
+    def _tick(self) -> None:
+        """While clients wait: notice requests that came in, tell those waiting too long
+        busy, and take back the slots that had their chance."""
+        self._ticking = None
+        self.admission.promote(lambda waiter: has_request(waiter.conn))
+        for waiter in self.admission.expired():
+            self._tell_busy(waiter.conn, f"no free slot within {WAIT_S:g} s")
+        self._make_room()
+        if self.admission.waiting:
+            self._ticking = asyncio.get_running_loop().call_later(TICK_S, self._tick)
+
+    def _make_room(self) -> None:
+        """Evict slots for the ready waiters, while there are some and a slot had its chance."""
+        while not self.admission.free() and (victim := self.admission.victim()) is not None:
+            self._evict(victim)
+
+    def _evict(self, victim: Slot) -> None:
+        """Close the connection in ``victim``: one waiting for its request is told busy
+        (the line written, then the connection closed once it is flushed); one that does
+        not take its answer is cut off with it."""
+        self.evicted += 1
+        victim.evicted = True
+        writer: asyncio.StreamWriter = victim.writer
+        if victim.phase is Phase.READING:
+            waited = time.monotonic() - victim.since
+            message = f"closed to serve a waiting client: no complete request in {waited:.3g} s"
+            writer.write(encode_error(None, "control.busy", f"{message}: retry"))
+            writer.close()
+        else:
+            writer.transport.abort()
+        if victim.task is not None:
+            victim.task.cancel()
+        self._release(victim)
+
+    async def _serve(self, waiter: Waiter, slot: Slot) -> None:
+        """Serve one connection in its slot until it ends or is evicted."""
+        loop = asyncio.get_running_loop()
+        writer = None
         try:
-            await self._converse(reader, writer, slot, pid)
+            reader = asyncio.StreamReader(limit=MAX_REQUEST_BYTES + 1)
+            protocol = asyncio.StreamReaderProtocol(reader)
+            transport, _ = await loop.connect_accepted_socket(lambda: protocol, waiter.conn)
+            writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+            slot.writer = writer
+            await self._converse(reader, writer, slot, waiter.pid)
         except asyncio.CancelledError:
             if not slot.evicted:
                 raise
+        except (ConnectionError, OSError, TimeoutError):
+            pass
         finally:
-            self.slots.pop(writer, None)
-            if not self.slots and self.pressure != self._trimmed_at:
-                self._trimmed_at = self.pressure
-                release_memory()
+            self._release(slot)
+            if writer is not None:
+                await self._finish(writer)
+            else:
+                waiter.conn.close()
 
-    def _evict(self) -> bool:
-        """Free a slot for a new client: close the longest-waiting connection that holds no
-        complete request or, failing one, the one whose answer has waited longest (and at
-        least `STUCK_S`) for it to read.  False when there is none."""
-        stuck = time.monotonic() - STUCK_S
-        waiting = [
-            s
-            for s in self.slots.values()
-            if s.phase is Phase.READING or (s.phase is Phase.SENDING and s.since <= stuck)
-        ]
-        if not waiting:
-            return False
-        victim = min(waiting, key=lambda s: (s.phase is Phase.SENDING, s.since))
-        self.evicted += 1
-        victim.evicted = True
-        del self.slots[victim.writer]
-        if victim.phase is Phase.READING:  # its buffer is empty: this line leaves at once
-            waited = time.monotonic() - victim.since
-            message = f"closed to serve a newer client: no complete request in {waited:.3g} s"
-            victim.writer.write(encode_error(None, "control.busy", message))
-        victim.writer.transport.abort()
-        if victim.task is not None:
-            victim.task.cancel()
-        return True
-
-    def _refuse(self, writer: asyncio.StreamWriter, pid: int, uid: int, gid: int) -> None:
+    def _refuse(self, conn: socket.socket, pid: int, uid: int, gid: int) -> None:
         self.refused += 1
         log.warning(
             "control.refused",
@@ -239,13 +298,15 @@ class ControlServer:
             peer_gid=gid,
             reason="peer is not root, the daemon's user or the control group",
         )
-        writer.write(encode_error(None, "control.forbidden", f"uid {uid} may not use this daemon"))
+        with contextlib.suppress(OSError):
+            conn.send(encode_error(None, "control.forbidden", f"uid {uid} may not use this daemon"))
+        conn.close()
 
     async def _converse(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: Slot, pid: int
     ) -> None:
         while True:
-            slot.wait(Phase.READING)
+            slot.wait(Phase.READING, time.monotonic())
             try:
                 line = await asyncio.wait_for(reader.readline(), self.read_timeout_s)
             except TimeoutError:
@@ -262,9 +323,9 @@ class ControlServer:
                 message = "request line ended without a newline"
                 await self._send(writer, encode_error(None, "control.bad_request", message))
                 return
-            slot.wait(Phase.ANSWERING)
+            slot.wait(Phase.ANSWERING, time.monotonic())
             answer = await self._dispatch(line)
-            slot.wait(Phase.SENDING)
+            slot.wait(Phase.SENDING, time.monotonic())
             await self._send(writer, answer, pid)
 
     async def _send(
