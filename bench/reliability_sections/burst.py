@@ -11,6 +11,7 @@ import selectors
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -94,8 +95,9 @@ def burst_once(sock: Path, clients: int, line: bytes = VERSION_LINE, timeout: fl
     deadline = time.monotonic() + timeout
     while conns and time.monotonic() < deadline:
         for key, _ in selector.select(max(0.0, deadline - time.monotonic())):
-            conn = key.fileobj
-            assert isinstance(conn, socket.socket)
+            chosen = key.fileobj
+            assert isinstance(chosen, socket.socket)
+            conn = chosen
             index, started, data = conns[conn]
             try:
                 chunk = conn.recv(1 << 20)
@@ -133,6 +135,33 @@ def retried(sock: Path, burst: Burst, cmd: str, timeout: float = 30) -> int:
             client.request(sock, cmd, timeout=timeout)
             answered += 1
     return answered
+
+
+def wardenctl_burst(
+    sock: Path, clients: int, cmd: str = "version", timeout: float = 30
+) -> Counter[str]:
+    """``clients`` threads released together, each one `client.request` (wardenctl's, which
+    retries a busy daemon with backoff): how each ended, ``ok`` or the error's kind."""
+    ends: Counter[str] = Counter()
+    lock = threading.Lock()
+    start = threading.Barrier(clients)
+
+    def one() -> None:
+        start.wait()
+        try:
+            client.request(sock, cmd, timeout=timeout)
+            end = "ok"
+        except (DaemonBusy, DaemonUnreachable, ControlError) as error:
+            end = type(error).__name__
+        with lock:
+            ends[end] += 1
+
+    threads = [threading.Thread(target=one) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout + 60)
+    return ends
 
 
 @contextlib.contextmanager
@@ -185,13 +214,13 @@ def _hold(sock: Path, clients: int, ready_w: int, stop_r: int) -> None:
         for key, _ in selector.select(1.0):
             if key.fileobj == stop_r:
                 return
-            conn = key.fileobj
-            assert isinstance(conn, socket.socket)
+            held = key.fileobj
+            assert isinstance(held, socket.socket)
             with contextlib.suppress(OSError):
-                if conn.recv(65536):
+                if held.recv(65536):
                     continue
-            selector.unregister(conn)
-            conn.close()
+            selector.unregister(held)
+            held.close()
             with contextlib.suppress(OSError):
                 connect()
 
@@ -258,6 +287,7 @@ def burst(
         versions_again = retried(sock, versions, "version")
         statuses = burst_once(sock, status_clients, STATUS_LINE)
         statuses_again = retried(sock, statuses, "status")
+        threaded = wardenctl_burst(sock, clients)
         if can_attack:
             with attacker(sock, attackers):
                 for _ in range(operator_requests):
@@ -288,11 +318,18 @@ def burst(
             "operator_status_p99_s": percentile(operator, 99),
             "operator_status_max_s": max(operator, default=None),
             "operator_status_failed": failed,
+            "wardenctl_threads": dict(threaded),
             "daemon_alive": alive,
         }
     )
     burst_rows(section, f"{clients} x version", versions, versions_again)
     burst_rows(section, f"{status_clients} x status", statuses, statuses_again)
+    section.row(
+        f"{clients} threads through wardenctl at once: answered",
+        ", ".join(f"{k} {v}" for k, v in sorted(threaded.items())),
+        f"ok {clients}",
+    )
+    section.check("wardenctl threads all answered", threaded["ok"] == clients)
     section.check("daemon alive", alive)
     if can_attack:
         section.row(
