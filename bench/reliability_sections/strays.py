@@ -7,13 +7,15 @@ command line carries a marker naming the run, the job, the attempt and the helpe
 one in the program's process group, one in a session of its own holding the program's
 stdout, a detached grandchild (``setsid``, double fork, stdio on ``/dev/null``) and a
 double-fork orphan left in the group.  Every helper ignores SIGTERM and appends a
-timestamped line to ``writes`` in the job's checkpoint directory every 50 ms for
-``linger_s`` (the stdout holder for ``stdout_s``, shorter, so that a daemon that waits for
-the pipe to close still starts the next attempt while the others write); once all four
-have written, the program says ``ready`` and either exits 1
-after ``hold_s`` (a crash) or waits for the section to stop or cancel it.  A thread scans
-/proc for the markers meanwhile: a helper alive once its attempt's ``exit.json`` exists is
-left behind.
+timestamped line to ``writes`` in the job's checkpoint directory every 50 ms while its
+program lives and ``linger_s`` after (the stdout holder ``stdout_s``, shorter, so that a
+daemon that waits for the pipe to close still starts the next attempt while the others
+write); once all four have written, the program says ``ready`` and either exits 1 after
+``hold_s`` (a crash) or waits for the section to stop or cancel it.  A thread scans /proc
+for the markers meanwhile: a helper alive once its attempt's ``exit.json`` exists is left
+behind.  No helper ends before its program: one leading a session of its own that did, its
+program never waiting for it, would stay a zombie of the daemon (docs/daemon.md says so),
+and the zombies counted here are those the daemon could reap.
 """
 
 from __future__ import annotations
@@ -42,19 +44,24 @@ KINDS = ("group", "stdout", "detached", "orphan")
 holding stdout, a detached grandchild in a session of its own, a double-fork orphan."""
 
 HELPER = r"""
-import os, signal, sys, time
-mark, writes, linger = sys.argv[1], sys.argv[2], float(sys.argv[3])
+import os, select, signal, sys, time
+mark, writes, linger, leader = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 _, _, attempt, kind = mark.rsplit("/", 3)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 fd = os.open(writes, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-end = time.monotonic() + linger
-while True:
+try:
+    program = os.pidfd_open(leader)
+except ProcessLookupError:
+    program = None
+gone = None if program is not None else time.monotonic()
+while gone is None or time.monotonic() < gone + linger:
     os.write(fd, f"{kind} {attempt} {time.time()!r}\n".encode())
-    if time.monotonic() > end:
-        break
+    if gone is None and select.select([program], [], [], 0)[0]:
+        gone = time.monotonic()
     time.sleep(0.05)
 """
-"""One descendant: ignores SIGTERM, appends ``KIND ATTEMPT TIME`` every 50 ms for a while."""
+"""One descendant: ignores SIGTERM, appends ``KIND ATTEMPT TIME`` every 50 ms as long as its
+program lives and for ``linger`` s after (so it never ends first, to be left unreaped)."""
 
 PROGRAM = f"HELPER = {HELPER!r}\n" + (
     """\
@@ -65,6 +72,7 @@ token, plan, linger, held, hold = sys.argv[1:5] + [float(sys.argv[5])]
 run = json.loads(Path(os.environ["JOBWARDEN_RUN_FILE"]).read_text())
 writes = Path(run["checkpoint_dir"]) / "writes"
 attempt = int(Path(os.environ["JOBWARDEN_ATTEMPT_FOLDER"]).name)
+leader = os.getpid()
 fd = os.open(writes, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
 
@@ -78,7 +86,8 @@ def helper(kind, detach, life):
         for n in (0, 1, 2):
             os.dup2(null, n)
     mark = f"{token}/{attempt}/{kind}"
-    os.execv(sys.executable, [sys.executable, "-c", HELPER, mark, str(writes), life])
+    argv = [sys.executable, "-c", HELPER, mark, str(writes), life, str(leader)]
+    os.execv(sys.executable, argv)
 
 
 note("start")
