@@ -12,6 +12,9 @@ of them took the daemon to its descriptor limit.  Here:
   of its answer, whatever it sends and however slowly; then it is aborted;
 * the request line and headers may hold `MAX_HEAD_BYTES`, and every answer
   ends the connection (``Connection: close``), so nothing idles between scrapes;
+* the listen backlog is `MAX_CONNECTIONS` too, and asyncio accepts at most a
+  backlog's worth per turn of its loop, so the refused connections awaiting
+  their close hold at most as many descriptors again;
 * when accept itself fails for want of descriptors or memory (EMFILE, ENFILE,
   ENOBUFS, ENOMEM), asyncio pauses the accepts for a second and tries again,
   where a thread's server would spin.
@@ -40,7 +43,6 @@ DEADLINE_S = 5.0
 """A connection's whole life, its request read and its answer written."""
 MAX_HEAD_BYTES = 16 << 10
 """The request line and headers together (a scrape's are a few hundred bytes)."""
-BACKLOG = 128
 REFUSAL = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
     b"Content-Length: 20\r\nConnection: close\r\nRetry-After: 1\r\n\r\ntoo many connections"
@@ -104,7 +106,7 @@ class Listener:
         deadline_s: float = DEADLINE_S,
     ) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.socket = socket.create_server((host, port), family=family, backlog=BACKLOG)
+        self.socket = socket.create_server((host, port), family=family, backlog=max_connections)
         self.address: tuple[str, int] = self.socket.getsockname()[:2]
         self.max_connections = max_connections
         self.deadline_s = deadline_s
@@ -144,7 +146,9 @@ class Listener:
         self._loop = asyncio.get_running_loop()
         self._loop.set_exception_handler(self._loop_trouble)
         self._stop = asyncio.Event()
-        server = await asyncio.start_server(self._connection, sock=self.socket, limit=4096)
+        server = await asyncio.start_server(
+            self._connection, sock=self.socket, limit=4096, backlog=self.max_connections
+        )
         self._ready.set()
         async with server:
             await self._stop.wait()
