@@ -35,6 +35,26 @@ method of each section and the figures of a full run.
 7. links: a symbolic link planted at each path the daemon or worker writes, pointing
    outside the root; every file outside the root hashed before and after.
 
+The third round's sections, one per defect class of users' programs, hooks, metrics
+and floods (each module's docstring has its method):
+
+8. strays: plain programs whose helpers (in the group, in a session holding stdout,
+   setsid, double-forked) keep writing to the checkpoint directory through crashed,
+   cancelled and stopped attempts: helpers left after their attempt, their writes
+   after the next attempt started, zombies of the daemon.
+9. settled: recoveries cancelled or stopped at random instants (a third while the
+   worker imports JAX): incidents left open on jobs at rest.
+10. stdout_flood: a command job floods stdout with lines that are no events while the
+    daemon's stderr is read slowly: ``status`` p99 during it, the log's growth.
+11. long_events: a long job's events file (250 MB at full size) in play through three
+    daemon starts: the loop's longest block.
+12. metrics_slowloris: slow clients hold ``--metrics-listen`` under a 1,024-descriptor
+    limit: ``status`` p99, descriptors, a submit and a drop made meanwhile.
+13. burst: 1,000 honest clients at once, and root's ``status`` while another uid holds
+    the slots: answers, busy lines, closes without an answer.
+14. hooks: an exec hook leaving a helper behind, a dripping and a redirecting webhook,
+    each bounded by ``--notify-timeout``.
+
 Run with ``.venv/bin/python bench/reliability.py`` (``--quick`` for the CI sizes,
 ``--only SECTION`` for one section, ``--keep`` to keep the temporary roots,
 ``--render FILE --markdown`` to print a results file's table for docs/reliability.md).
@@ -62,15 +82,22 @@ from typing import Any
 # Run as a script, import through the repository, as the tests (which import bench.reliability) do.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.figures import Figure, at_most, records, verdict
+from bench.figures import Figure, at_least, at_most, records, verdict
+from bench.reliability_sections.burst import burst
 from bench.reliability_sections.common import Record, Section, private_dir, section_from, table
 from bench.reliability_sections.daemon_kills import daemon_kills
 from bench.reliability_sections.disk_full import disk_full
+from bench.reliability_sections.events_file import long_events_section
 from bench.reliability_sections.evidence import References
+from bench.reliability_sections.flood import stdout_flood
 from bench.reliability_sections.fuzz import fuzz
 from bench.reliability_sections.links import links
 from bench.reliability_sections.long_run import long_run
+from bench.reliability_sections.metrics_slowloris import metrics_slowloris
+from bench.reliability_sections.settled import settled
+from bench.reliability_sections.sinks import hooks_section
 from bench.reliability_sections.socket_abuse import socket_abuse
+from bench.reliability_sections.strays import strays
 from bench.reliability_sections.worker_kills import WORKER_KILL_STEPS, worker_kills
 
 RESULTS = Path(__file__).resolve().parent / "results" / "reliability.json"
@@ -84,6 +111,13 @@ SECTIONS = (
     "fuzz",
     "long_run",
     "links",
+    "strays",
+    "settled",
+    "stdout_flood",
+    "long_events",
+    "metrics_slowloris",
+    "burst",
+    "hooks",
 )
 RUNS: dict[str, Callable[..., Section]] = {
     "worker_kills": worker_kills,
@@ -93,6 +127,13 @@ RUNS: dict[str, Callable[..., Section]] = {
     "fuzz": fuzz,
     "long_run": long_run,
     "links": links,
+    "strays": strays,
+    "settled": settled,
+    "stdout_flood": stdout_flood,
+    "long_events": long_events_section,
+    "metrics_slowloris": metrics_slowloris,
+    "burst": burst,
+    "hooks": hooks_section,
 }
 
 
@@ -107,6 +148,18 @@ def sizes_for(quick: bool) -> dict[str, dict[str, Any]]:
             "fuzz": {"examples": 150, "daemon_examples": 40},
             "long_run": {"jobs": 60, "workers": 10},
             "links": {"settle_s": 30},
+            "strays": {"jobs": 6, "restarts": 2},
+            "settled": {"jobs": 8},
+            "stdout_flood": {"megabytes": 0.5, "stderr_kbps": 256},
+            "long_events": {"megabytes": 25},
+            "metrics_slowloris": {"clients": 200, "attack_s": 6, "fd_limit": 128},
+            "burst": {
+                "clients": 500,
+                "status_clients": 200,
+                "attackers": 200,
+                "operator_bound_s": 2.0,
+            },
+            "hooks": {},
         }
     return {
         "worker_kills": {"kills": 200, "kills_per_job": 4},
@@ -116,6 +169,13 @@ def sizes_for(quick: bool) -> dict[str, dict[str, Any]]:
         "fuzz": {"examples": 2000, "daemon_examples": 400},
         "long_run": {"jobs": 1000, "workers": 300},
         "links": {},
+        "strays": {"jobs": 30, "restarts": 3},
+        "settled": {"jobs": 48},
+        "stdout_flood": {"megabytes": 2.0, "stderr_kbps": 256},
+        "long_events": {"megabytes": 250},
+        "metrics_slowloris": {},
+        "burst": {},
+        "hooks": {},
     }
 
 
@@ -235,6 +295,7 @@ def reliability_figures(sections: list[Record]) -> list[Figure]:
         out.append(at_most("jobs lost, kill sweeps and long run", sum(lost), 0, "d"))
     if outside:
         out.append(at_most("writes outside the root, links planted", sum(outside), 0, "d"))
+    out += third_round_figures({s["section"]: s["figures"] for s in sections})
     for s in sections:
         out.append(
             Figure(
@@ -244,6 +305,41 @@ def reliability_figures(sections: list[Record]) -> list[Figure]:
                 verdict(s["passed"]),
             )
         )
+    return out
+
+
+def third_round_figures(found: dict[str, Record]) -> list[Figure]:
+    """The figures issue 19 asks for, from whichever of their sections ran."""
+    out = []
+    if "strays" in found:
+        f = found["strays"]
+        out.append(at_most("descendants left after their attempt", f["left_after_attempt"], 0, "d"))
+        out.append(at_most("writes overlapping the next attempt", f["overlapping_writes"], 0, "d"))
+    if "settled" in found:
+        f = found["settled"]
+        out.append(at_most("open incidents on settled jobs", f["open_on_settled"], 0, "d"))
+    if "stdout_flood" in found:
+        p99 = found["stdout_flood"]["status_p99_s"]
+        out.append(
+            at_most("status p99 under a stdout flood", 1e3 * (p99 or 1e9), 100, ".1f", " ms")
+        )
+    if "metrics_slowloris" in found:
+        p99 = found["metrics_slowloris"]["status_during_p99_s"]
+        name = "status p99 under a metrics-port slowloris"
+        out.append(at_most(name, 1e3 * (p99 or 1e9), 100, ".1f", " ms"))
+    if "long_events" in found:
+        longest = found["long_events"]["longest_block_s"]
+        name = "the loop's longest block, a long events file in play"
+        out.append(at_most(name, 1e3 * longest, 100, ".1f", " ms"))
+    if "burst" in found:
+        f = found["burst"]["version"]
+        clients = sum(f["outcomes"].values())
+        answered = f["outcomes"].get("ok", 0)
+        out.append(at_least(f"answers to {clients} simultaneous clients", answered, clients, "d"))
+    if "hooks" in found:
+        held = found["hooks"].get("dripping webhook: one try held its sink")
+        if held is not None:
+            out.append(at_most("a dripping webhook's try", held, 2.5, ".2f", " s"))
     return out
 
 
