@@ -207,9 +207,11 @@ class Worker:
 
     def updates(self, first: int, last: int) -> list[Step]:
         """``progress`` for each step from ``first`` to ``last``, with a ``checkpoint`` after
-        each step the cadence commits (every ``checkpoint_every``, and the last step)."""
+        each step the cadence commits (every ``checkpoint_every``, and the last step), whose
+        ``progress`` announces it (``commit``)."""
         steps: list[Step] = []
         for step in range(first, last + 1):
+            committed = step % self.checkpoint_every == 0 or step == self.steps
             steps.append(
                 Emit(
                     "progress",
@@ -220,10 +222,11 @@ class Worker:
                         "update_s": 0.01,
                         "state_hash": self.state_hash(step),
                         "components": self.components(step),
+                        **({"commit": "sync"} if committed else {}),
                     },
                 )
             )
-            if step % self.checkpoint_every == 0 or step == self.steps:
+            if committed:
                 steps.append(
                     Emit(
                         "checkpoint",

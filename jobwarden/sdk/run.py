@@ -199,6 +199,8 @@ class Run(Session):
             self._hashed = (step, digest, components)
         if metrics:
             fields["metrics"] = {name: float(value) for name, value in metrics.items()}
+        if due:  # the supervisor watches the commit that follows as a phase of its own
+            fields["commit"] = "background" if run.async_commit else "sync"
         # An event with a state hash is evidence and is written at once; one without
         # may share a later write (`RunEmitter.emit_held`).
         emit = self.emitter.emit if leaves is not None else self.emitter.emit_held
