@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -74,3 +75,47 @@ def test_no_child_of_an_attempt_writes_during_the_next_or_outlives_the_job(
     late = [n for kind, n, t in lines if kind == "child" and float(t) > ends.get(int(n), 1e18)]
     assert sorted(starts) == [1, 2]
     assert late == [], f"{len(late)} writes of attempt 1's child after attempt 2 started"
+
+
+UNWAITED = """\
+import os, sys, time
+
+if os.fork() == 0:  # a session of its own, ended at once, never waited for
+    os.setsid()
+    os._exit(0)
+time.sleep(0.3)
+sys.exit(1)
+"""
+"""A program that leaves a setsid child it never waits for: a zombie, re-parented to the
+subreaper daemon when the program exits."""
+
+
+def test_a_setsid_child_left_unwaited_is_no_zombie_of_the_daemon(
+    tmp_path: Path, compile_cache: Path
+) -> None:
+    """Three attempts each leave a setsid child unreaped: once the job has failed, within
+    the reaper's 2 s grace and a sample more, the daemon has no zombie child left (before,
+    one per attempt stayed for good: a child leading a session was taken for the daemon's
+    own)."""
+    program = tmp_path / "unwaited.py"
+    program.write_text(UNWAITED)
+    with Daemon(tmp_path / "root", compile_cache) as daemon:
+        text = command_job(
+            "unwaited",
+            [sys.executable, str(program)],
+            sdk=False,
+            supervision={"restart_backoff_s": 0.1, "max_restarts": 2},
+        )
+        daemon.drop("unwaited.toml", text)
+        status = daemon.wait("unwaited", timeout=60)
+        deadline = time.monotonic() + 10
+        zombies = [-1]
+        while zombies and time.monotonic() < deadline:
+            time.sleep(0.2)
+            zombies = [
+                child.pid
+                for child in psutil.Process(daemon.pid).children()
+                if child.status() == psutil.STATUS_ZOMBIE
+            ]
+    assert (status["state"], status["attempt"]) == ("failed", 3)
+    assert zombies == [], f"zombies of the daemon 10 s after the job failed: {zombies}"

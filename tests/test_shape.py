@@ -110,6 +110,7 @@ ROOMS: dict[str, str] = {
     "jobwarden.daemon.__main__": "daemon.cli",
     "jobwarden.daemon.config": "daemon.config",
     "jobwarden.daemon.background": "daemon.background",
+    "jobwarden.daemon.children": "daemon.children",
     "jobwarden.daemon.stats": "daemon.stats",
     "jobwarden.daemon.wardend": "daemon.wardend",
     "jobwarden.daemon.view": "daemon.view",
@@ -133,9 +134,10 @@ def room(module: str) -> str | None:
     return ROOMS.get(name)
 
 
-SHARED = frozenset({"daemon.config", "daemon.background", "daemon.stats"})
-"""The daemon's leaves (its typed settings, its task keeper, its counters): every room of
-the daemon but store/ may import them, and they import nothing of the daemon."""
+SHARED = frozenset({"daemon.config", "daemon.background", "daemon.children", "daemon.stats"})
+"""The daemon's leaves (its typed settings, its task keeper, its own children, its
+counters): every room of the daemon but store/ may import them, and they import nothing
+of the daemon."""
 
 
 def rooms(*names: str) -> frozenset[str]:
@@ -161,6 +163,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "daemon": rooms(),
     "daemon.config": rooms(),
     "daemon.background": rooms(),
+    "daemon.children": rooms(),
     "daemon.stats": rooms(),
     # store/: nothing else of the daemon, nothing but the foundation and what a job says
     "daemon.store": rooms("job"),

@@ -29,7 +29,7 @@ from jobwarden.daemon.config import Options
 from jobwarden.daemon.incidents.records import IncidentLog
 from jobwarden.daemon.intake import spool
 from jobwarden.daemon.intake.queue import Intake, Taken
-from jobwarden.daemon.launch import registry
+from jobwarden.daemon.launch import reaper, registry
 from jobwarden.daemon.launch.base import Launcher
 from jobwarden.daemon.observe import exporter, hooks, metrics, notify
 from jobwarden.daemon.stats import Stats
@@ -280,5 +280,6 @@ class Wardend:
             self.notifier.status(status)
         for supervisor in list(self.supervisors.values()):
             supervisor.sample()
+        reaper.reap_orphans()  # an orphan that ended after its job settled
         self.table.retry()
         self.incidents.retry()

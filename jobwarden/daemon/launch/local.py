@@ -22,6 +22,7 @@ import psutil
 import structlog
 
 from jobwarden.daemon.background import off_loop
+from jobwarden.daemon.children import CHILDREN
 from jobwarden.daemon.config import LaunchSettings
 from jobwarden.daemon.launch import reaper
 from jobwarden.daemon.launch.base import (
@@ -158,7 +159,7 @@ class LocalLauncher(Launcher):
         """One process group, its stderr straight to ``stderr_name`` in the attempt folder."""
         spec.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         env = {**spec.env, SUPERVISOR_ENV: str(os.getpid()), ATTEMPT_ENV: str(spec.folder)}
-        with open_evidence(spec.folder / stderr_name) as stderr:
+        with open_evidence(spec.folder / stderr_name) as stderr, CHILDREN.starting():
             proc = await asyncio.create_subprocess_exec(
                 *spec.argv,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -169,4 +170,5 @@ class LocalLauncher(Launcher):
                 start_new_session=True,
                 limit=LINE_LIMIT,
             )
+            CHILDREN.follow(proc)
         return LocalAttempt(spec, proc)

@@ -13,7 +13,14 @@ daemon's own children.  Where prctl is refused, the strays are looked for
 among every process of the daemon's user instead (logged once).  A descendant
 that both clears its environment and leaves its group is not recognised.
 A descendant orphaned while its attempt runs and ending on its own is reaped
-by `reap_orphans` (at each sweep and each sample), so none is left a zombie.
+by `reap_orphans` (at each sweep and each sample), so none is left a zombie:
+every zombie child of the daemon that the daemon did not start itself
+(`children.CHILDREN`: workers, spares, hooks and Slurm commands, each until
+its own waiter has reaped it); while one of those starts is under way, only a
+zombie older than `ORPHAN_GRACE_S` (the child just forked may not be named
+yet).  Whether it leads a session does not matter: a
+``setsid`` child that ended before its program, which never waited for it,
+comes to the daemon a zombie when the program exits.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import time
 import psutil
 import structlog
 
+from jobwarden.daemon.children import CHILDREN
 from jobwarden.daemon.launch.base import ATTEMPT_ENV, suppress_gone
 
 log = structlog.get_logger("wardend.reaper")
@@ -37,6 +45,9 @@ ROUNDS = 8
 LEADERS: set[int] = set()
 """The pids of the attempts' leaders still followed: never strays, even in the same folder
 (the members of one attempt share it)."""
+ORPHAN_GRACE_S = 2.0
+"""While a start of the daemon's own is under way, a zombie child younger than this is left
+for the next turn: it may be that child, forked and not yet named."""
 _subreaper: list[bool] = []
 
 
@@ -127,19 +138,27 @@ def _reap(pids: list[int]) -> None:
 
 
 def reap_orphans() -> int:
-    """Reap this process's zombie children that it never started itself, the number reaped: a
-    child that leads no session came to it as an orphan (whatever the daemon starts leads one:
-    a worker, a spare, a hook), and nothing else waits for it."""
+    """Reap this process's zombie children that it never started itself, the number reaped:
+    a child `children.CHILDREN` does not name came to it as an orphan, and nothing else
+    waits for it."""
     if not become_subreaper():
+        return 0
+    try:  # one system call when no child has ended (the common case): no scan of /proc
+        if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            return 0
+    except ChildProcessError:
         return 0
     reaped = 0
     try:
         children = psutil.Process().children()
     except psutil.Error:
         return 0
+    young = None if CHILDREN.settled else time.time() - ORPHAN_GRACE_S
     for child in children:
         try:
-            if child.status() != psutil.STATUS_ZOMBIE or os.getsid(child.pid) == child.pid:
+            if child.pid in CHILDREN.own or child.status() != psutil.STATUS_ZOMBIE:
+                continue
+            if young is not None and child.create_time() > young:
                 continue
             reaped += bool(os.waitpid(child.pid, os.WNOHANG)[0])
         except (psutil.Error, OSError):  # reaped meanwhile, or gone

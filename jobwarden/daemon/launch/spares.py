@@ -36,6 +36,7 @@ from pathlib import Path
 import structlog
 
 from jobwarden.daemon.background import Background
+from jobwarden.daemon.children import CHILDREN
 from jobwarden.daemon.launch.base import ATTEMPT_ENV, LINE_LIMIT, LaunchSpec, RunningAttempt
 from jobwarden.daemon.store.evidence import keep, open_evidence
 from jobwarden.jobfolder import STDERR_FILE
@@ -157,7 +158,7 @@ class SparePool:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         argv = call.spare_argv()
         env = {**spec.env, SUPERVISOR_ENV: str(os.getpid()), ATTEMPT_ENV: str(folder)}
-        with open_evidence(folder / STDERR_FILE) as stderr:
+        with open_evidence(folder / STDERR_FILE) as stderr, CHILDREN.starting():
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.PIPE,
@@ -167,6 +168,7 @@ class SparePool:
                 start_new_session=True,
                 limit=LINE_LIMIT,
             )
+            CHILDREN.follow(proc)
         spare = self.spares[key] = Spare(proc, folder)
         spare.ready = asyncio.ensure_future(self._wait_ready(key, spare))
         log.info("spare.started", pid=proc.pid, task=json.loads(key)[0], folder=str(folder))

@@ -32,6 +32,7 @@ from typing import IO, Any, Protocol
 import psutil
 
 from jobwarden import __version__
+from jobwarden.daemon.children import CHILDREN
 from jobwarden.daemon.observe.notify import child_environment
 from jobwarden.daemon.store.evidence import describe
 
@@ -81,6 +82,7 @@ def end_group(hook: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):  # not while the leader is unreaped
         os.killpg(hook.pid, signal.SIGKILL)
     hook.wait()
+    CHILDREN.discard(hook.pid)
     reap_group(hook.pid)
 
 
@@ -129,15 +131,17 @@ class ExecHook:
             stdin.write(body)
             stdin.seek(0)
             try:
-                hook = subprocess.Popen(  # the operator's own program, no shell
-                    [self.program],
-                    stdin=stdin,
-                    stdout=subprocess.DEVNULL,
-                    stderr=stderr,
-                    env={**self.environment, **environment_of(event)},
-                    cwd=self.cwd,
-                    start_new_session=True,
-                )
+                with CHILDREN.starting():
+                    hook = subprocess.Popen(  # the operator's own program, no shell
+                        [self.program],
+                        stdin=stdin,
+                        stdout=subprocess.DEVNULL,
+                        stderr=stderr,
+                        env={**self.environment, **environment_of(event)},
+                        cwd=self.cwd,
+                        start_new_session=True,
+                    )
+                    CHILDREN.add(hook.pid)
             except OSError as error:
                 raise DeliveryError(f"could not start: {error}") from error
             try:

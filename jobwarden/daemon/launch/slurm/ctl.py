@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 
+from jobwarden.daemon.children import CHILDREN
 from jobwarden.daemon.launch.base import LauncherError
 from jobwarden.daemon.launch.slurm.state import SlurmJob
 
@@ -20,13 +21,15 @@ CLIENT_ENV = ("PATH", "SLURM_CONF")
 async def slurm_command(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """Run one Slurm client command; its status, stdout and stderr (never raises for it)."""
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-        )
+        with CHILDREN.starting():
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+            )
+            CHILDREN.follow(proc)
         out, err = await asyncio.wait_for(proc.communicate(), COMMAND_TIMEOUT_S)
     except (OSError, TimeoutError) as error:
         return 127, "", f"{argv[0]}: {error}"
