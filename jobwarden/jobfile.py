@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -29,7 +29,7 @@ from jobwarden.program import (
     workdir_problem,
     workdir_problems,
 )
-from jobwarden.slurmsection import SlurmSection
+from jobwarden.sections import SlurmSection, SupervisionSection
 from jobwarden.tasks import Task, TrainFields, broken_tasks, known_tasks
 
 MAX_JOB_FILE_BYTES = 256 * 1024
@@ -84,27 +84,6 @@ class FaultSection(_Section):
             v is not None
             for v in (self.fail_after, self.crash_after, self.crash_in_commit, self.stall_at)
         )
-
-
-class SupervisionSection(_Section):
-    """How the daemon watches and restarts the job."""
-
-    startup_timeout_s: float = Field(60.0, gt=0, le=86400)
-    stall_timeout_s: float | None = Field(None, gt=0, le=86400)
-    """None: automatic (daemon/supervise/stall.py: max(60 s, 10x the slowest update seen))"""
-    max_restarts: int = Field(3, ge=0, le=1000)
-    restart_backoff_s: float = Field(0.5, ge=0, le=3600)
-    """the wait before the second restart in a row (the first is immediate), doubled after"""
-    restart_backoff_max_s: float = Field(30.0, ge=0, le=86400)
-    restart_reset_after_s: float = Field(10.0, ge=0, le=86400)
-    """an attempt that ran this long was healthy: the next restart is immediate again"""
-    fatal_exit_codes: tuple[Annotated[int, Field(strict=True, ge=1, le=255)], ...] = Field(
-        (), strict=False, max_length=255
-    )
-    """exit statuses that fail the job with no restart (systemd's RestartPreventExitStatus=)"""
-    max_rss_mb: int | None = Field(None, ge=1)
-    """None: no limit (the kernel's OOM killer and a systemd MemoryMax= still apply)"""
-    stop_grace_s: float = Field(30.0, gt=0, le=3600)
 
 
 class _Document(_Section):

@@ -151,12 +151,12 @@ def test_sigterm_waits_for_the_commit_in_flight_then_commits_and_exits_75(
 
 @pytest.mark.slow
 def test_stall_watch_through_a_long_background_commit(tmp_path: Path, compile_cache: Path) -> None:
-    """A 2 s commit under a 1.5 s stall timeout: the asynchronous job trains on and fails only
-    where its drill says; the same job committing synchronously stalls; a training thread that
-    hangs while a commit is in flight is still caught as a stall."""
+    """A 2 s commit under a 1.5 s commit watch: the asynchronous job trains on and fails only
+    where its drill says; the same job committing synchronously stalls in its commit phase; a
+    training thread that hangs while a commit is in flight is still caught, in its steps."""
     run = {"steps": 40, "checkpoint_every": 10, "keep_checkpoints": 5}
     slow = {"commit_delay_s": 2.0, "step_delay_s": 0.3}
-    sup = {"stall_timeout_s": 1.5, "max_restarts": 0}
+    sup = {"stall_timeout_s": 1.5, "commit_timeout_s": 1.5, "max_restarts": 0}
     jobs = {
         "bg": linreg_job(
             "bg", run={**run, **ASYNC}, faults={**slow, "fail_after": 25}, supervision=sup
@@ -175,9 +175,15 @@ def test_stall_watch_through_a_long_background_commit(tmp_path: Path, compile_ca
         kinds_of = {}
         for name in jobs:
             daemon.wait(name, ("failed",), timeout=120)
-            kinds_of[name] = [i["kind"] for i in daemon.incidents(name)]
+            kinds_of[name] = [
+                (i["kind"], i["details"].get("phase")) for i in daemon.incidents(name)
+            ]
         bg_events = daemon.events("bg", 1)
-    assert kinds_of == {"bg": ["crash"], "sync": ["stall"], "hang": ["stall"]}
+    assert kinds_of == {
+        "bg": [("crash", None)],
+        "sync": [("stall", "commit")],
+        "hang": [("stall", "step")],
+    }
     commits = [e["step"] for e in bg_events if e["event"] == "checkpoint"]
     assert commits == [10, 20]
     last = [e["step"] for e in bg_events if e["event"] == "progress"][-1]

@@ -26,9 +26,12 @@ K = IncidentKind
 
 
 def record(restarts: int = 0, step: int = 5, **supervision: Any) -> JobRecord:
-    """A job record with the given restart count and [supervision] fields."""
+    """A job record with the given restart count (each of them without progress, the count
+    ``max_restarts`` bounds) and [supervision] fields."""
     job = job_from_mapping({"id": "j", "task": "linreg", "supervision": supervision})
-    return JobRecord(id="j", job=job, restarts=restarts, step=step)
+    return JobRecord(
+        id="j", job=job, restarts=restarts, restarts_without_progress=restarts, step=step
+    )
 
 
 def exited(status: int) -> ExitInfo:
@@ -177,11 +180,13 @@ class TestPlainProgram:
         assert outcome.kind == K.CRASH
 
     def test_spent_budget_fails(self) -> None:
-        """A plain program's restarts are bounded by max_restarts like any job's."""
+        """A plain program's restarts without progress are bounded by max_restarts like any
+        job's (a run shorter than restart_reset_after_s is no progress)."""
         outcome = decide(
             AttemptReport(2, emits_events=False), 1, record(restarts=1, max_restarts=1)
         )
-        assert Fail("crash; max_restarts exhausted", K.CRASH) == outcome
+        assert isinstance(outcome, Fail)
+        assert outcome.reason.startswith("crash; no progress in 2 attempts")
 
 
 class TestBudget:
@@ -212,14 +217,18 @@ class TestBudget:
         assert isinstance(outcome, Restart)
 
     def test_spent_budget_fails(self) -> None:
-        """restarts == max_restarts fails with the kind named."""
+        """restarts without progress == max_restarts fails with the kind named."""
         outcome = decide(AttemptReport(4), 1, record(restarts=3, max_restarts=3))
-        assert Fail("crash; max_restarts exhausted", K.CRASH) == outcome
+        assert isinstance(outcome, Fail)
+        assert outcome.kind is K.CRASH
+        assert outcome.reason.startswith("crash; no progress in 4 attempts")
+        assert outcome.reason.endswith("(max_restarts 3)")
 
     def test_no_restarts_allowed_fails_at_once(self) -> None:
-        """max_restarts = 0: the first failure is final."""
-        outcome = decide(AttemptReport(1, stopped_by=StopReason.STALL), -9, record(max_restarts=0))
-        assert Fail("stall; max_restarts exhausted", K.STALL) == outcome
+        """max_restarts = 0: the first failure is final, progress or not."""
+        report = AttemptReport(1, stopped_by=StopReason.STALL, committed_step=4)
+        outcome = decide(report, -9, record(max_restarts=0))
+        assert Fail("stall; max_restarts = 0: no restart", K.STALL) == outcome
 
     def test_escalation_does_not_spend_the_budget(self) -> None:
         """An escalation with no restarts left is still an escalation, not a failure."""
@@ -283,10 +292,12 @@ class TestBackoff:
         assert (outcome.delay_s, outcome.streak) == (1.0, 3)
 
     def test_the_reset_does_not_refill_the_restart_budget(self) -> None:
-        """max_restarts counts every restart: a healthy run resets the wait, not the budget."""
+        """A long run that commits nothing is no progress: a healthy run's length resets the
+        wait, not the budget (only a newer checkpoint does)."""
         rec = record(restarts=3, max_restarts=3)
         outcome = policy.decide(rec, AttemptReport(4), ExitInfo.from_status(1, 3600.0), streak=0)
-        assert Fail("crash; max_restarts exhausted", K.CRASH) == outcome
+        assert isinstance(outcome, Fail)
+        assert outcome.reason.startswith("crash; no progress in 4 attempts")
 
     @pytest.mark.parametrize(("previous", "ran_s", "expected"), [(3, 0.2, 3), (3, 10.0, 0)])
     def test_streak_of(self, previous: int, ran_s: float, expected: int) -> None:

@@ -95,7 +95,7 @@ ROOMS: dict[str, str] = {
     # what a job says, and the names of its folder's files
     "jobwarden.jobfile": "job",
     "jobwarden.jobwarnings": "job",
-    "jobwarden.slurmsection": "job",
+    "jobwarden.sections": "job",
     "jobwarden.states": "job",
     "jobwarden.events": "job",
     "jobwarden.jobfolder": "job",

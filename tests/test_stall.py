@@ -1,4 +1,5 @@
-"""StallWatch on a hand-driven clock: deadlines without sleeping."""
+"""StallWatch on a hand-driven clock: deadlines without sleeping (a heartbeat's, re-armed
+by `StallWatch.alive`; the phases of a program that emits events: tests/unit/test_phases.py)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import heapq
 import itertools
 from collections.abc import Callable
 
+from jobwarden.daemon.supervise.phases import StallPhase
 from jobwarden.daemon.supervise.stall import (
     AUTO_FACTOR,
     AUTO_FLOOR_S,
-    StallPhase,
     StallWatch,
     auto_timeout,
 )
@@ -82,7 +83,7 @@ class TestStallWatch:
             stall.alive(5)
         assert fired == []
         clock.advance(5)
-        assert fired == [(StallPhase.STALL, 5.0)]
+        assert fired == [(StallPhase.STEP, 5.0)]
 
     def test_ready_switches_to_the_stall_timeout(self) -> None:
         """After ready the (shorter) stall timeout applies, not the startup one."""
@@ -91,7 +92,7 @@ class TestStallWatch:
         clock.advance(1)
         stall.alive(2)
         clock.advance(2)
-        assert fired == [(StallPhase.STALL, 2.0)]
+        assert fired == [(StallPhase.STEP, 2.0)]
 
     def test_fires_once(self) -> None:
         """A passed deadline reports once; it is not re-armed by itself."""
@@ -131,7 +132,7 @@ class TestAutomaticTimeout:
         clock.advance(59.9)
         assert fired == []
         clock.advance(0.2)
-        assert [phase for phase, _ in fired] == [StallPhase.STALL]
+        assert [phase for phase, _ in fired] == [StallPhase.STEP]
 
     def test_slow_updates_are_not_a_stall(self) -> None:
         """A model with 6 s updates (the case a fixed 5 s default declared stalled on every

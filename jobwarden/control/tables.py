@@ -100,6 +100,8 @@ def render_job(data: dict[str, Any]) -> str:
             "checkpoint",
             "attempt",
             "restarts",
+            "restarts_without_progress",
+            "failures_in_window",
             "step",
             "steps",
             "newest_checkpoint_step",

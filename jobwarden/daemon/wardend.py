@@ -244,7 +244,8 @@ class Wardend:
 
     def resume_job(self, record: JobRecord) -> dict[str, Any]:
         """Queue a preempted, failed or escalated job again, after a person has decided."""
-        record.restarts = 0
+        record.restarts = record.restarts_without_progress = 0
+        record.failure_times, record.no_progress = [], []
         record.resume_on_start = False
         self.table.transition(record, S.QUEUED, "resumed by operator")
         self.queue.append(record.id)

@@ -9,7 +9,7 @@ import pytest
 from jobwarden.daemon.launch.slurm.script import SlurmSettings
 from jobwarden.errors import JobFileError
 from jobwarden.jobfile import job_from_bytes
-from jobwarden.slurmsection import SlurmSection, section_of
+from jobwarden.sections import SlurmSection, section_of
 from tests.daemon import linreg_job
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from structlog.testing import capture_logs
 
-from jobwarden.daemon.supervise import malformed
+from jobwarden.daemon.supervise import attempt as malformed
 from jobwarden.events import Malformed
 from jobwarden.states import JobState
 from tests.scripted import Line

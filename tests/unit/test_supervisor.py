@@ -414,8 +414,10 @@ def test_a_launch_that_fails_fails_the_job_with_a_launch_incident(
     play(tmp_path, scenario)
 
 
-def test_restarts_exhausted_fail_the_job(tmp_path: Path) -> None:
-    """max_restarts = 1: the second crash fails the job, and both incidents say why."""
+def test_restarts_without_progress_exhausted_fail_the_job(tmp_path: Path) -> None:
+    """max_restarts = 1: attempt 1 commits step 2 and crashes (progress: restarted), then
+    two attempts crash before any update; the second of them fails the job as a
+    deterministic failure, and the incidents say why."""
 
     async def scenario(rig: Rig) -> None:
         record = rig.submit("flaky", supervision={"max_restarts": 1})
@@ -424,14 +426,21 @@ def test_restarts_exhausted_fail_the_job(tmp_path: Path) -> None:
             "flaky",
             [*work.start(), *work.updates(1, 3), Exit(1)],
             [*work.start(2), Exit(1)],
+            [*work.start(2), Exit(1)],
         )
         await rig.launched(record)
         await rig.until_settled("flaky")
-        assert (record.state, record.reason) == (S.FAILED, "crash; max_restarts exhausted")
-        first, second = rig.incident_records("flaky")
-        assert (first["status"], second["status"]) == ("failed", "failed")
-        assert "max_restarts is 1" in second["outcome"]
-        assert (record.restarts, len(rig.launcher.attempts)) == (1, 2)
+        assert (record.state, record.reason) == (
+            S.FAILED,
+            "crash; no progress in 2 attempts: each died before its first update with "
+            "'exit status 1', a deterministic failure (max_restarts 1)",
+        )
+        *_, third = rig.incident_records("flaky")
+        assert third["status"] == "failed"
+        assert "max_restarts is 1" in third["outcome"]
+        assert third["details"]["crash_loop"]["deterministic"] is True
+        assert [a["restored_step"] for a in third["details"]["crash_loop"]["attempts"]] == [2, 2]
+        assert (record.restarts, len(rig.launcher.attempts)) == (2, 3)
 
     play(tmp_path, scenario)
 

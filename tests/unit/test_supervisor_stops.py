@@ -62,13 +62,15 @@ def test_a_stall_is_stopped_recorded_and_restarted(tmp_path: Path) -> None:
             "running",
             "completed",
         ]
-        assert record.history[3]["reason"] == "no progress for 5.00 s (timeout 5 s)"
+        assert record.history[3]["reason"] == (
+            "no progress for 5.00 s in the step phase (timeout 5 s)"
+        )
         [incident] = rig.incident_records("stuck")
         assert (incident["kind"], incident["status"]) == (K.STALL.value, "verified")
         assert tuple(incident["details"][k] for k in ("gap_s", "timeout_s", "phase")) == (
             5.0,
             5.0,
-            "stall",
+            "step",
         )
         assert Path(incident["evidence"]["stack dump"]).read_text() == STACK_DUMP
         assert rig.stats.stalls_detected == 1
@@ -76,19 +78,20 @@ def test_a_stall_is_stopped_recorded_and_restarted(tmp_path: Path) -> None:
     play(tmp_path, scenario)
 
 
-def test_no_ready_within_the_startup_timeout_is_a_startup_stall(tmp_path: Path) -> None:
-    """Started but never ready: the startup deadline, not the stall one, ends the attempt."""
+def test_no_started_within_the_startup_timeout_is_a_startup_stall(tmp_path: Path) -> None:
+    """Spawned but never started: the startup deadline, not the stall one, ends the attempt."""
 
     async def scenario(rig: Rig) -> None:
         record = rig.submit("slow", supervision={"max_restarts": 0})
-        work = rig.worker(record)
-        rig.launcher.plan("slow", [*work.start()[:1], Hang()])
+        rig.launcher.plan("slow", [Hang()])
         await rig.launched(record)
         await rig.launcher.attempts[0].reached()
         rig.clock.advance(30.0)
         await rig.until_settled("slow")
-        assert record.history[2]["reason"] == "no ready for 30.00 s (timeout 30 s)"
-        assert (record.state, record.reason) == (S.FAILED, "stall; max_restarts exhausted")
+        assert record.history[2]["reason"] == (
+            "no started for 30.00 s in the startup phase (timeout 30 s)"
+        )
+        assert (record.state, record.reason) == (S.FAILED, "stall; max_restarts = 0: no restart")
         [incident] = rig.incident_records("slow")
         assert incident["details"]["phase"] == "startup"
 
@@ -282,7 +285,7 @@ def test_a_plain_program_stall_sends_no_stack_dump_signal(tmp_path: Path) -> Non
         await rig.until_settled("beating")
         assert attempt.received == ["stop(0.01)", "SIGTERM"]
         assert record.history[3]["reason"] == "no heartbeat for 5.00 s (timeout 5 s)"
-        assert (record.state, record.reason) == (S.FAILED, "stall; max_restarts exhausted")
+        assert (record.state, record.reason) == (S.FAILED, "stall; max_restarts = 0: no restart")
 
     play(tmp_path, scenario)
 

@@ -27,6 +27,8 @@ import orjson
 
 from jobwarden import __version__
 from jobwarden.daemon.store.jobs import JobRecord
+from jobwarden.daemon.supervise.stall import phases_status
+from jobwarden.jobfolder import ATTEMPTS
 from jobwarden.protocol import ControlError, Encoded
 from jobwarden.states import NEEDS_ATTENTION
 
@@ -62,6 +64,8 @@ def summary(daemon: View, record: JobRecord, now: float) -> dict[str, Any]:
         "reason": record.reason,
         "attempt": record.attempt,
         "restarts": record.restarts,
+        "restarts_without_progress": record.restarts_without_progress,
+        "failures_in_window": failures_in_window(record, now),
         "step": record.step,
         "steps": record.job.run.steps,
         "task": record.job.task,
@@ -101,9 +105,24 @@ def table_row(daemon: View, record: JobRecord, now: float) -> dict[str, Any]:
     }
 
 
+def failures_in_window(record: JobRecord, now: float) -> int:
+    """The job's failures within its ``restart_limit_window_s`` back from ``now``."""
+    window = record.job.supervision.restart_limit_window_s
+    return sum(1 for t in record.failure_times if now - t < window)
+
+
 def progress_age(record: JobRecord, now: float) -> float | None:
     """Seconds since the job's last progress, to the millisecond; None before any."""
     return round(now - record.last_progress, 3) if record.last_progress else None
+
+
+def phases_of(daemon: View, record: JobRecord) -> dict[str, Any]:
+    """The phase the live attempt is in and each phase's durations and watch; with no
+    attempt running, what the ended attempts showed."""
+    supervisor = daemon.supervisors.get(record.id)
+    attempt = supervisor.attempt if supervisor is not None else None
+    watch = attempt.stall if attempt is not None else None
+    return phases_status(watch, daemon.root.job(record.id) / ATTEMPTS, record.attempt)
 
 
 def finite(values: Iterable[Any]) -> bool:
@@ -222,6 +241,7 @@ def status(daemon: View, args: dict[str, Any], rows: StatusRows | None = None) -
                 daemon.root.jobs / record.id, record.history, now
             ).as_record(),
             "members": record.sample.get("members") if daemon.is_live(record.id) else None,
+            "phases": phases_of(daemon, record),
             "history": record.history,
             "request": record.job.to_record(),
         }

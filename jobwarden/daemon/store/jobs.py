@@ -20,7 +20,7 @@ import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -43,27 +43,6 @@ log = structlog.get_logger("wardend.jobs")
 
 STAGING_PREFIX = "+intake-"
 """A job folder being built; ``+`` is never in a job id, so no job folder is named so."""
-PERSISTED = (
-    "reason",
-    "submitted",
-    "updated",
-    "attempt",
-    "restarts",
-    "pid",
-    "pid_started",
-    "attempt_started",
-    "step",
-    "last_progress",
-    "newest_checkpoint_step",
-    "incidents",
-    "replayed_updates",
-    "time_lost_s",
-    "resume_on_start",
-    "history",
-    "claim",
-    "request_name",
-    "error",
-)
 
 
 @dataclass
@@ -78,6 +57,11 @@ class JobRecord:
     updated: float = field(default_factory=time.time)
     attempt: int = 0
     restarts: int = 0
+    # The restart budget's counters (daemon/supervise/budget.py): restarts in a row without
+    # progress, the failures' times within the window, the attempts of that streak.
+    restarts_without_progress: int = 0
+    failure_times: list[float] = field(default_factory=list)
+    no_progress: list[dict[str, Any]] = field(default_factory=list)
     pid: int | None = None
     pid_started: float | None = None
     attempt_started: float | None = None
@@ -111,6 +95,12 @@ class JobRecord:
         record["steps"] = self.job.run.steps
         record["task"] = self.job.task
         return record
+
+
+LOADED_APART = frozenset({"id", "job", "state", "sample"})
+"""Fields not read back from state.json as saved: the id and request are the folder's,
+the state is checked, and a sample is of a process that is gone."""
+PERSISTED = tuple(f.name for f in fields(JobRecord) if f.name not in LOADED_APART)
 
 
 class JobTable:

@@ -7,27 +7,37 @@ job's ``env`` laid over the daemon's allow-listed worker environment and
 `jobwarden.sdk.RunFile` that tells the program its checkpoint directory and the
 ``[run]`` and ``[faults]`` fields its job file sets (faults only in the first
 attempt).
+
+An attempt's malformed event lines reach the daemon's log at a bounded rate
+(`MalformedLines`).  A program that prints to stdout what is not an event (a
+command job left at ``sdk = true``, a stray ``print``) may write thousands of
+lines a second.  Each line is kept verbatim in the attempt's events file and counted; the daemon's
+own log hears of the first `FIRST_LINES` one by one, then of the rest in one
+``event.malformed_summary`` record at most every `SUMMARY_EVERY_S` and when the
+attempt ends.  So no job can grow ``wardend.log`` by more than a few records a
+minute, nor hold the loop writing them.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from jobwarden.daemon.incidents.records import Incident
 from jobwarden.daemon.launch.base import LaunchSpec, RunningAttempt
 from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.store.layout import Root
 from jobwarden.daemon.supervise.heartbeat import Heartbeat
-from jobwarden.daemon.supervise.malformed import MalformedLines
 from jobwarden.daemon.supervise.policy import AttemptReport, StopReason, supersedes
 from jobwarden.daemon.supervise.stall import StallWatch
 from jobwarden.daemon.supervise.verification import ReplayVerifier
-from jobwarden.events import Event
+from jobwarden.events import Event, Malformed
 from jobwarden.files import write_text_atomic
 from jobwarden.jobfile import Job
 from jobwarden.jobfolder import EVENTS_FILE, JOB_FILE, OUTPUT_FILE
@@ -35,6 +45,8 @@ from jobwarden.program import Program
 from jobwarden.proof.replay import Verdict
 from jobwarden.sdk.settings import RUN_FILE_ENV, RunFile
 from jobwarden.worker.command import WorkerCall
+
+log = structlog.get_logger("wardend.supervisor")
 
 CPU_MARK_EVERY_S = 0.5
 RUN_FILE = "run.json"
@@ -137,6 +149,8 @@ class Attempt:
     last_event: dict[str, Any] | None = None
     last_progress: dict[str, Any] | None = None
     checkpoint: tuple[int, str] | None = None
+    restored: tuple[int, bool] | None = None
+    """The step its ``restored`` event named, and whether an external checkpointer's."""
     cpu_mark: tuple[float, float] | None = None
     stall_evidence: dict[str, Any] | None = None
     heartbeat: Heartbeat | None = None
@@ -162,21 +176,18 @@ class Attempt:
         verifier = self.verifier
         return verifier.incident if verifier and verifier.verdict is Verdict.PENDING else None
 
-    def observe(self, event: Event, stall_timeout_s: float | None, exit_timeout_s: float) -> None:
-        """Learn from one event: forward motion re-arms the stall watch, and a last event
-        (completed, failed) gives the process ``exit_timeout_s`` to leave: interpreter and
-        JAX teardown is not a stall of the training."""
+    def observe(self, event: Event) -> None:
+        """Learn from one event: the stall watch follows it into the phase it begins."""
         self.last_event = {k: v for k, v in event.fields.items() if k != "components"}
         kind = event.kind
-        if kind in ("ready", "progress", "checkpoint"):
-            self.stall.alive(stall_timeout_s)
-        elif kind in ("completed", "failed"):
-            self.stall.alive(stall_timeout_s, at_least_s=exit_timeout_s)
+        self.stall.observe(event)
         if kind == "progress":
             self.last_progress = self.last_event
             self.mark_cpu()
         elif kind == "checkpoint":
             self.checkpoint = (event["step"], event["file"])
+        elif kind == "restored" and self.restored is None:
+            self.restored = (event["step"], event.fields.get("checkpointer") == "external")
         elif kind == "completed":
             self.completed = True
         elif kind == "failed":
@@ -219,4 +230,66 @@ class Attempt:
             stopped_by=self.stop_reason,
             mismatch_step=self.verifier.mismatch_step if self.verifier is not None else None,
             emits_events=self.record.job.emits_events,
+            restored_step=self.restored[0] if self.restored is not None else None,
+            external_checkpoints=self.restored is not None and self.restored[1],
+            committed_step=self.checkpoint[0] if self.checkpoint is not None else None,
+            last_step=self.last_progress["step"] if self.last_progress is not None else None,
+            checkpoint_every=self.record.job.run.checkpoint_every,
         )
+
+
+# ---- malformed lines
+
+FIRST_LINES = 20
+"""Malformed lines of one attempt logged one by one, before they are summarised."""
+SUMMARY_EVERY_S = 10.0
+"""At most one summary record per attempt in this long."""
+
+
+@dataclass
+class MalformedLines:
+    """One attempt's malformed lines: counted, the first logged, the rest summarised."""
+
+    job: str
+    attempt: int
+    clock: Callable[[], float] = time.monotonic
+    seen: int = 0
+    unlogged: int = 0
+    last_reason: str = ""
+    last_line: int = 0
+    summarised_at: float | None = None
+
+    def note(self, line: Malformed) -> None:
+        """One malformed line: logged while few, else counted for the next summary."""
+        self.seen += 1
+        if self.seen <= FIRST_LINES:
+            log.warning(
+                "event.malformed",
+                job=self.job,
+                attempt=self.attempt,
+                line=line.lineno,
+                reason=line.reason,
+                **({"further": "summarised"} if self.seen == FIRST_LINES else {}),
+            )
+            return
+        self.unlogged += 1
+        self.last_reason, self.last_line = line.reason, line.lineno
+        now = self.clock()
+        if self.summarised_at is None or now - self.summarised_at >= SUMMARY_EVERY_S:
+            self.flush(now)
+
+    def flush(self, now: float | None = None) -> None:
+        """Log the lines not yet told of in one record (at the attempt's end, and on a timer)."""
+        if not self.unlogged:
+            return
+        log.warning(
+            "event.malformed_summary",
+            job=self.job,
+            attempt=self.attempt,
+            lines=self.unlogged,
+            total=self.seen,
+            last_line=self.last_line,
+            last_reason=self.last_reason,
+        )
+        self.unlogged = 0
+        self.summarised_at = self.clock() if now is None else now

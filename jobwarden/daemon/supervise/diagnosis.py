@@ -18,9 +18,10 @@ from jobwarden.daemon.incidents.records import Incident
 from jobwarden.daemon.launch.base import ExitInfo
 from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.store.layout import Root
-from jobwarden.daemon.supervise import plain
+from jobwarden.daemon.supervise import budget, plain
 from jobwarden.daemon.supervise.attempt import Attempt
-from jobwarden.daemon.supervise.stall import StallPhase
+from jobwarden.daemon.supervise.phases import awaited
+from jobwarden.daemon.supervise.policy import Fail
 from jobwarden.daemon.supervise.stallevidence import STALL_KILL_GRACE_S
 from jobwarden.daemon.supervise.verification import ReplayVerifier
 from jobwarden.errors import IncidentKind
@@ -37,13 +38,6 @@ INJECTED_AS = {
     K.STALL: ("stall_at",),
 }
 """The drill faults that cause each kind of failure."""
-
-
-def awaited(attempt: Attempt, phase: StallPhase) -> str:
-    """What the stall watch waited for: ``ready``, ``progress``, or a plain program's heartbeat."""
-    if not attempt.record.job.emits_events:
-        return "heartbeat"
-    return "ready" if phase is StallPhase.STARTUP else "progress"
 
 
 def escalation_reason(attempt: Attempt, kind: IncidentKind) -> str:
@@ -84,11 +78,23 @@ def escalated_text(attempt: Attempt, kind: IncidentKind) -> str:
     )
 
 
-def failed_text(record: JobRecord) -> str:
-    """The outcome of a failure with the restart budget spent."""
+def failed_text(record: JobRecord, outcome: Fail) -> str:
+    """The outcome of a failure with the restart budget spent, and what spent it."""
+    sup = record.job.supervision
+    if outcome.loop is not None:
+        return (
+            f"Failed: {outcome.loop.verdict()}; max_restarts is {sup.max_restarts} restarts "
+            f"in a row without progress ({record.restarts} restart(s) in all). "
+            + outcome.loop.runbook()
+        )
+    if sup.max_restarts == 0:
+        return "Failed: max_restarts is 0, so no restart is made; no further attempt."
     return (
-        f"Failed: {record.restarts} restart(s) used, max_restarts is "
-        f"{record.job.supervision.max_restarts}; no further attempt."
+        f"Failed: {sup.restart_limit} failures are allowed within "
+        f"{sup.restart_limit_window_s:g} s (restart_limit, restart_limit_window_s) and "
+        f"this one was past it, whatever the progress between ({record.restarts} restart(s) "
+        "in all): failing this often, the job spends its time starting, not training. "
+        "Look at the machine and the incidents' symptoms, then `wardenctl resume`."
     )
 
 
@@ -126,8 +132,7 @@ def recovery_action(attempt: Attempt, verifier: ReplayVerifier, ready: Event) ->
             f"of {record.job.label()} as the single writer of checkpoint "
             f"'{record.checkpoint}', with {drills}, "
             f"resuming from step {ready['step'] if restored is None else restored} after a "
-            f"{delay:.2f} s backoff (restart {record.restarts} of at most "
-            f"{record.job.supervision.max_restarts})."
+            f"{delay:.2f} s backoff ({budget.restart_count(record)})."
         ),
     }
 
@@ -146,11 +151,14 @@ def symptom(attempt: Attempt, info: ExitInfo, kind: IncidentKind) -> str:
             if (cpu.get("percent") or 0) < 20
             else "spinning (busy without progress)"
         )
-        awaited = "ready" if ev["phase"] == StallPhase.STARTUP else "progress"
+        member = ev.get("stalled_member") if record.job.run.processes > 1 else None
         return (
-            f"Attempt {attempt.number} of job {record.id} ({record.job.label()}) made no "
-            f"{awaited} event for {ev['gap_s']:.2f} s (timeout {ev['timeout_s']:g} s, overshoot "
-            f"{ev['overshoot_s'] * 1000:.0f} ms) after its last event "
+            f"Attempt {attempt.number} of job {record.id} ({record.job.label()}) was stuck "
+            f"in its {ev['phase']} phase"
+            + (f" (member {member}, the one the others waited for)" if member is not None else "")
+            + f": no {awaited(ev['phase'], True)} event for {ev['gap_s']:.2f} s (timeout "
+            f"{ev['timeout_s']:g} s, overshoot {ev['overshoot_s'] * 1000:.0f} ms) after its "
+            f"last event "
             f"({last.get('event')} at step {last.get('step')}). psutil status "
             f"{ev.get('psutil_status')}, CPU {cpu.get('cpu_s')} s over "
             f"{cpu.get('over_s')} s ({cpu.get('percent')}%): the program was {verdict}. "

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from jobwarden.daemon.supervise.stall import AUTO_FLOOR_S, Clock, Timer
-from jobwarden.jobfile import Job, SupervisionSection
+from jobwarden.jobfile import Job
 from jobwarden.program import HeartbeatSection
+from jobwarden.sections import SupervisionSection
 
 MATCH_CHARS = 4096
 """How much of each stdout line a pattern is matched against (bounds its cost)."""

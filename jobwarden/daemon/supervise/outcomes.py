@@ -238,15 +238,28 @@ def failure(
             diagnosis.recovery_failed_text(attempt.number, incident.id),
             "incident.recovery_failed",
         )
+    if not isinstance(outcome, policy.Escalate) and outcome.budget is not None:
+        spent = outcome.budget
+        record.restarts_without_progress = spent.without_progress
+        record.failure_times = list(spent.failures)
+        record.no_progress = list(spent.attempts)
+    if isinstance(outcome, policy.Fail) and outcome.loop is not None:
+        incident.details["crash_loop"] = {
+            "deterministic": outcome.loop.deterministic,
+            "attempts": list(outcome.loop.attempts),
+        }
     if isinstance(outcome, policy.Restart):
         record.restarts += 1
         incident.details["backoff_s"] = outcome.delay_s
         s.incidents.write(incident, "incident.opened")
         s.table.transition(record, S.RECOVERING, outcome.reason, incident=incident.id)
         return incident
-    escalate = isinstance(outcome, policy.Escalate)
-    status, state = ("escalated", S.ESCALATED) if escalate else ("failed", S.FAILED)
-    text = diagnosis.escalated_text(attempt, kind) if escalate else diagnosis.failed_text(record)
+    if isinstance(outcome, policy.Escalate):
+        status, state = "escalated", S.ESCALATED
+        text = diagnosis.escalated_text(attempt, kind)
+    else:
+        status, state = "failed", S.FAILED
+        text = diagnosis.failed_text(record, outcome)
     s.incidents.conclude(incident, status, text, f"incident.{status}")
     s.table.transition(record, state, outcome.reason, incident=incident.id)
     return incident

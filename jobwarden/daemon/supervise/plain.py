@@ -12,6 +12,7 @@ from typing import Any
 
 from jobwarden.daemon.incidents.records import Incident
 from jobwarden.daemon.launch.base import ExitInfo
+from jobwarden.daemon.supervise import budget
 from jobwarden.daemon.supervise.attempt import Attempt
 from jobwarden.daemon.supervise.stallevidence import STALL_KILL_GRACE_S
 from jobwarden.errors import IncidentKind
@@ -70,8 +71,8 @@ def recovery_action(attempt: Attempt, incident: Incident) -> dict[str, Any]:
         "pid": pid,
         "text": (
             f"Started attempt {attempt.number} (pid {pid}) of {record.job.label()} in "
-            f"{spec.cwd or spec.folder} after a {delay:.2f} s backoff (restart "
-            f"{record.restarts} of at most {record.job.supervision.max_restarts}), its "
+            f"{spec.cwd or spec.folder} after a {delay:.2f} s backoff "
+            f"({budget.restart_count(record)}), its "
             f"run file naming checkpoint directory '{record.checkpoint}'. What it "
             "resumes from is the program's own: nothing was logged to check it against."
         ),

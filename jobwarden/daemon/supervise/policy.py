@@ -28,10 +28,11 @@ The rules, in the order they apply:
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from jobwarden.daemon.incidents.kinds import KINDS
+from jobwarden.daemon.supervise.budget import Budget, CrashLoop, spend
 from jobwarden.errors import IncidentKind as IncidentKind  # noqa: PLC0414 - re-exported
 from jobwarden.errors import JobwardenError, PreemptedExit
 
@@ -92,6 +93,15 @@ class AttemptReport:
     mismatch_step: int | None = None
     emits_events: bool = True
     """False for a plain program (no SDK): it never reports ``completed`` or a failure code."""
+    restored_step: int | None = None
+    """The step its ``restored`` event named; None on a fresh start."""
+    external_checkpoints: bool = False
+    """Whether the program keeps its own checkpoints (its ``restored`` said ``external``)."""
+    committed_step: int | None = None
+    """The step of the newest checkpoint it committed (its last ``checkpoint`` event)."""
+    last_step: int | None = None
+    """The update of its last ``progress`` event; None before its first update."""
+    checkpoint_every: int = 1
 
     @property
     def finished(self) -> bool:
@@ -124,6 +134,8 @@ class Restart:
     kind: IncidentKind
     streak: int = 1
     """Restarts in a row without a healthy attempt between, this one included."""
+    budget: Budget | None = field(default=None, compare=False)
+    """The job's counters after this failure, for its record."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +144,10 @@ class Fail:
 
     reason: str
     kind: IncidentKind
+    budget: Budget | None = field(default=None, compare=False)
+    """The job's counters after this failure, for its record."""
+    loop: CrashLoop | None = field(default=None, compare=False)
+    """The attempts without progress, when that is what spent the budget."""
 
 
 @dataclass(frozen=True)
@@ -192,9 +208,12 @@ def streak_of(previous: int, ran_s: float, reset_after_s: float) -> int:
     return 0 if ran_s >= reset_after_s else previous
 
 
-def decide(record: JobRecord, report: AttemptReport, exit: ExitInfo, streak: int = 0) -> Outcome:
+def decide(
+    record: JobRecord, report: AttemptReport, exit: ExitInfo, streak: int = 0, now: float = 0.0
+) -> Outcome:
     """What follows the end of ``report``'s attempt of ``record``'s job (the rules above);
-    ``streak`` is the restarts in a row so far (`Restart.streak` of the last restart)."""
+    ``streak`` is the restarts in a row so far (`Restart.streak` of the last restart), ``now``
+    the wall-clock time of the end (for ``restart_limit_window_s``)."""
     stopped_by, step = report.stopped_by, record.step
     if stopped_by is StopReason.MISMATCH:
         return Escalate(f"replay mismatch at step {report.mismatch_step}", K.REPLAY_MISMATCH)
@@ -213,8 +232,20 @@ def decide(record: JobRecord, report: AttemptReport, exit: ExitInfo, streak: int
     supervision = record.job.supervision
     if stopped_by is None and exit.status in supervision.fatal_exit_codes:
         return Fail(f"{kind}; exit status {exit.status} is in fatal_exit_codes", kind)
-    if record.restarts >= supervision.max_restarts:
-        return Fail(f"{kind}; max_restarts exhausted", kind)
+    budget = spend(record, report, exit, kind, now)
+    if supervision.max_restarts == 0 and kind is not K.PREEMPTION:
+        return Fail(f"{kind}; max_restarts = 0: no restart", kind, budget)
+    if budget.without_progress > supervision.max_restarts:
+        loop = CrashLoop(budget.attempts, budget.without_progress)
+        reason = f"{kind}; {loop.verdict()} (max_restarts {supervision.max_restarts})"
+        return Fail(reason, kind, budget, loop)
+    if len(budget.failures) > supervision.restart_limit:
+        window = supervision.restart_limit_window_s
+        reason = (
+            f"{kind}; {len(budget.failures)} failures within {window:g} s, over restart_limit "
+            f"{supervision.restart_limit}"
+        )
+        return Fail(reason, kind, budget)
     before = streak_of(streak, exit.duration_s, supervision.restart_reset_after_s)
     delay = backoff_s(before, supervision.restart_backoff_s, supervision.restart_backoff_max_s)
     when = f"in {delay:.2f} s" if delay > 0 else "at once"
@@ -223,6 +254,7 @@ def decide(record: JobRecord, report: AttemptReport, exit: ExitInfo, streak: int
         f"{kind} of attempt {report.number}; restart {record.restarts + 1} {when}",
         kind,
         before + 1,
+        budget,
     )
 
 

@@ -1,7 +1,10 @@
-"""What a stalled attempt was doing, taken at detection: psutil status, CPU in the gap, stacks.
+"""A stalled attempt: what it was doing at detection (psutil status, CPU in the gap, stacks),
+then its stop.
 
-The supervisor gathers this evidence before it stops the attempt (SIGTERM,
-`STALL_KILL_GRACE_S`, SIGKILL); `daemon.diagnosis` writes it into the incident.
+`stop_stalled` gathers this evidence, with the phase it was stuck in and, for a
+job of several processes, the member the others wait for, before it stops the
+attempt (SIGTERM, `STALL_KILL_GRACE_S`, SIGKILL); `daemon.diagnosis` writes
+it into the incident.
 """
 
 from __future__ import annotations
@@ -15,12 +18,38 @@ from typing import Any
 import structlog
 
 from jobwarden.daemon.store import evidence
+from jobwarden.daemon.store.jobs import JobTable
 from jobwarden.daemon.supervise.attempt import Attempt
-from jobwarden.daemon.supervise.stall import StallPhase
+from jobwarden.daemon.supervise.phases import StallPhase, awaited
+from jobwarden.states import JobState
 
 log = structlog.get_logger("wardend.stalled")
 STALL_KILL_GRACE_S = 1.0
 STACK_DUMP_WAIT_S = 0.3
+S = JobState
+
+
+async def stop_stalled(table: JobTable, attempt: Attempt, phase: StallPhase, gap: float) -> None:
+    """Take the stalled attempt's evidence, move its job to ``stalled`` (naming the phase, and
+    the member of a job of several processes), then stop it."""
+    record, timeout = attempt.record, attempt.stall.timeout_s
+    try:
+        found = await stall_evidence(attempt, phase, gap, timeout)
+        found.update(attempt.running.members_view())
+        attempt.stall_evidence = found
+        member = found.get("stalled_member") if record.job.run.processes > 1 else None
+        where = f" in the {phase} phase" if record.job.emits_events else ""  # a heartbeat's: none
+        where += f" of member {member}" if member is not None else ""
+        if record.state in (S.RUNNING, S.STARTING, S.RECOVERING):
+            table.transition(
+                record,
+                S.STALLED,
+                f"no {awaited(phase, record.job.emits_events)} for {gap:.2f} s{where} "
+                f"(timeout {timeout:g} s)",
+                gap_s=round(gap, 4),
+            )
+    finally:
+        await attempt.running.stop(STALL_KILL_GRACE_S)
 
 
 async def stall_evidence(
@@ -58,6 +87,7 @@ async def stall_evidence(
     )
     return {
         "phase": phase,
+        "phase_s": round(attempt.stall.clock.time() - attempt.stall.entered, 4),
         "timeout_s": timeout,
         "gap_s": round(gap, 4),
         "overshoot_s": round(gap - timeout, 4),

@@ -26,18 +26,18 @@ from jobwarden.daemon.incidents.records import Incident
 from jobwarden.daemon.launch.base import ExitInfo, LauncherError, RunningAttempt
 from jobwarden.daemon.store import evidence
 from jobwarden.daemon.store.jobs import JobRecord
-from jobwarden.daemon.supervise import adoption, diagnosis, outcomes, policy
+from jobwarden.daemon.supervise import adoption, diagnosis, outcomes, phases, policy
 from jobwarden.daemon.supervise import stallevidence as stalled
-from jobwarden.daemon.supervise.attempt import Attempt, prepare
-from jobwarden.daemon.supervise.malformed import MalformedLines
+from jobwarden.daemon.supervise.attempt import Attempt, MalformedLines, prepare
+from jobwarden.daemon.supervise.phases import Durations, StallPhase
 from jobwarden.daemon.supervise.policy import Outcome, StopReason
 from jobwarden.daemon.supervise.services import Services
-from jobwarden.daemon.supervise.stall import StallPhase, StallWatch
+from jobwarden.daemon.supervise.stall import StallWatch
 from jobwarden.daemon.supervise.verification import ReplayVerifier
 from jobwarden.errors import IncidentKind
 from jobwarden.events import Event, Malformed
 from jobwarden.files import UnsafePathError
-from jobwarden.jobfolder import EVENTS_FILE
+from jobwarden.jobfolder import ATTEMPTS, EVENTS_FILE
 from jobwarden.proof.replay import ReplayPlan
 from jobwarden.states import JobState
 
@@ -66,6 +66,8 @@ class JobSupervisor:
         self.recovery: ReplayVerifier | None = None
         """The newest recovery begun (in its backoff, launching or running), so that a job
         that comes to rest before its proof is settled concludes its incident (`_settled`)."""
+        self.phases: Durations | None = None
+        """What the job's ended attempts showed of each phase (read at the first launch)."""
 
     # ---- starting attempts
 
@@ -109,12 +111,19 @@ class JobSupervisor:
         self._begin(number, running, verifier)
 
     def _begin(self, number: int, running: RunningAttempt, verifier: Verifier) -> None:
-        s, record = self.services, self.record
-        stall = StallWatch(s.clock, lambda phase, gap: self._on_stall(attempt, phase, gap))
+        s, record, sup = self.services, self.record, self.record.job.supervision
+        if self.phases is None:
+            self.phases = phases.history(s.root.job(record.id) / ATTEMPTS, number)
+        stall = StallWatch(
+            s.clock,
+            lambda phase, gap: self._on_stall(attempt, phase, gap),
+            phases.explicit_timeouts(sup),
+            self.phases,
+        )
         attempt = self.attempt = Attempt(record, number, running, stall, verifier)
         testfaults.pause_if(testfaults.Fault.PAUSE_AFTER_LAUNCH, job=record.id, pid=running.pid)
         record.pid, record.pid_started = running.pid, running.create_time()
-        record.attempt_started, sup = time.time(), record.job.supervision
+        record.attempt_started = time.time()
         s.table.save(record)
         if record.job.emits_events:  # time in a batch queue is not startup time
             running.when_started(lambda: attempt.stall.start(sup.startup_timeout_s))
@@ -199,8 +208,7 @@ class JobSupervisor:
         if attempt.heartbeat is not None:  # a plain program's line that looks like an event
             attempt.heartbeat.line(json.dumps(event.fields))
             return
-        sup = record.job.supervision
-        attempt.observe(event, sup.stall_timeout_s, sup.startup_timeout_s)
+        attempt.observe(event)
         s.incidents.traces.observe(s.root.job(record.id), attempt.number, event)
         verifier, kind = attempt.verifier, event.kind
         if kind in ("restored", "checkpoint"):
@@ -229,25 +237,7 @@ class JobSupervisor:
         if not attempt.stopping(StopReason.STALL):
             return
         self.services.stats.stalls_detected += 1
-        self.services.spawn(self._handle_stall(attempt, phase, gap))
-
-    async def _handle_stall(self, attempt: Attempt, phase: StallPhase, gap: float) -> None:
-        sup, record = self.record.job.supervision, self.record
-        startup = phase is StallPhase.STARTUP
-        timeout = sup.startup_timeout_s if startup else attempt.stall.timeout_s
-        try:
-            attempt.stall_evidence = await stalled.stall_evidence(attempt, phase, gap, timeout)
-            attempt.stall_evidence.update(attempt.running.members_view())
-            if record.state in (S.RUNNING, S.STARTING, S.RECOVERING):
-                self.services.table.transition(
-                    record,
-                    S.STALLED,
-                    f"no {diagnosis.awaited(attempt, phase)} for {gap:.2f} s "
-                    f"(timeout {timeout:g} s)",
-                    gap_s=round(gap, 4),
-                )
-        finally:
-            await attempt.running.stop(stalled.STALL_KILL_GRACE_S)
+        self.services.spawn(stalled.stop_stalled(self.services.table, attempt, phase, gap))
 
     def sample(self) -> None:
         """Sample the live attempt's resources; stop it when over its memory limit."""
@@ -303,7 +293,7 @@ class JobSupervisor:
 
     def _ended(self, attempt: Attempt, info: ExitInfo) -> None:
         record = self.record
-        attempt.stall.cancel()
+        self._phases_ended(attempt)
         if attempt.heartbeat is not None:
             attempt.heartbeat.cancel()
         if attempt.malformed is not None:
@@ -328,7 +318,15 @@ class JobSupervisor:
         if self.refusal is not None:
             self.refuse_unsafe(self.refusal)
             return
-        self.apply(policy.decide(record, attempt.report(), info, self.streak), attempt, info)
+        outcome = policy.decide(record, attempt.report(), info, self.streak, time.time())
+        self.apply(outcome, attempt, info)
+
+    def _phases_ended(self, attempt: Attempt) -> None:
+        """Keep what the ended attempt showed of each phase, for the attempts after it."""
+        seen = attempt.stall.ended()
+        if self.phases is not None and attempt.record.job.emits_events:
+            self.phases.merge(seen)
+            phases.save(attempt.folder, seen)
 
     def apply(
         self, outcome: Outcome, attempt: Attempt | None = None, info: ExitInfo | None = None

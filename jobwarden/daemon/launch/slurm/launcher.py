@@ -65,7 +65,7 @@ from jobwarden.daemon.launch.slurm.watch import (
     SlurmWatch,
 )
 from jobwarden.files import write_text_atomic
-from jobwarden.slurmsection import section_of
+from jobwarden.sections import section_of
 
 log = structlog.get_logger("wardend.slurm")
 ORPHAN_WAIT_S = 60.0

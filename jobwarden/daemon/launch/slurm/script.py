@@ -2,7 +2,7 @@
 
 Settings come from the daemon (``wardend --slurm-*``: `config.SlurmOptions`, handed to the
 launcher as typed settings), and a job's own ``[slurm]`` section overrides partition, time
-limit and nodes (`slurmsection`). The batch script runs ``srun`` of the very argv the local
+limit and nodes (`sections`). The batch script runs ``srun`` of the very argv the local
 launcher would exec; with ``[run] processes = N`` it runs N tasks, each a member
 (`member_script`): task i sets the membership variables the SDK reads (from
 ``SLURM_PROCID``), keeps its stdout in ``events.<i>.jsonl`` and its stderr in
@@ -20,7 +20,7 @@ from jobwarden.daemon.config import SlurmOptions
 from jobwarden.daemon.launch.base import LaunchSpec
 from jobwarden.daemon.launch.members import member_file
 from jobwarden.sdk.distributed import COORDINATOR_ENV, PROCESS_ID_ENV, PROCESSES_ENV
-from jobwarden.slurmsection import SlurmSection
+from jobwarden.sections import SlurmSection
 
 SCRIPT = "slurm.sh"
 MEMBER_SCRIPT = "slurm-member.sh"
