@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -64,6 +64,8 @@ class SupervisionSection(PhaseTimeouts):
     max_rss_mb: int | None = Field(None, ge=1)
     """None: no limit (the kernel's OOM killer and a systemd MemoryMax= still apply)"""
     stop_grace_s: float = Field(30.0, gt=0, le=3600)
+    on_mismatch: Literal["escalate", "continue"] = "escalate"
+    """a replay that differs: stop and escalate, or record it and let the job go on"""
 
 
 class SlurmSection(BaseModel):

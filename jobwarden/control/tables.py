@@ -102,6 +102,7 @@ def render_job(data: dict[str, Any]) -> str:
             "restarts",
             "restarts_without_progress",
             "failures_in_window",
+            "diverged_at_step",
             "step",
             "steps",
             "newest_checkpoint_step",

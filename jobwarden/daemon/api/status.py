@@ -66,6 +66,7 @@ def summary(daemon: View, record: JobRecord, now: float) -> dict[str, Any]:
         "restarts": record.restarts,
         "restarts_without_progress": record.restarts_without_progress,
         "failures_in_window": failures_in_window(record, now),
+        "diverged_at_step": record.diverged["step"] if record.diverged else None,
         "step": record.step,
         "steps": record.job.run.steps,
         "task": record.job.task,

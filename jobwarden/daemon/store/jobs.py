@@ -62,6 +62,8 @@ class JobRecord:
     restarts_without_progress: int = 0
     failure_times: list[float] = field(default_factory=list)
     no_progress: list[dict[str, Any]] = field(default_factory=list)
+    diverged: dict[str, Any] | None = None
+    """Where a replay first differed and the job went on (``on_mismatch = "continue"``)."""
     pid: int | None = None
     pid_started: float | None = None
     attempt_started: float | None = None

@@ -18,7 +18,7 @@ from jobwarden.daemon.background import off_loop
 from jobwarden.daemon.incidents.records import Incident
 from jobwarden.daemon.launch.base import ExitInfo
 from jobwarden.daemon.store.jobs import JobRecord
-from jobwarden.daemon.supervise import diagnosis, plain, policy
+from jobwarden.daemon.supervise import diagnosis, plain, policy, verification
 from jobwarden.daemon.supervise.attempt import Attempt
 from jobwarden.daemon.supervise.heartbeat import Heartbeat
 from jobwarden.daemon.supervise.policy import StopReason
@@ -83,6 +83,9 @@ def replay(s: Services, record: JobRecord, attempt: Attempt, check: Callable[[],
         s.incidents.write(verifier.incident, "incident.goodput")
     if verdict is before:
         return
+    if verdict is Verdict.MISMATCH and record.job.supervision.on_mismatch == "continue":
+        went_on(s, record, attempt, verifier)
+        return
     if verdict is Verdict.MISMATCH:
         # Stop at once: SIGKILL, so the different experiment commits nothing more.
         if attempt.stopping(StopReason.MISMATCH):
@@ -90,14 +93,35 @@ def replay(s: Services, record: JobRecord, attempt: Attempt, check: Callable[[],
         log.error("replay.mismatch", job=record.id, step=verifier.mismatch_step)
         return
     record.replayed_updates += verifier.plan.replayed_updates
-    s.incidents.conclude(
-        verifier.incident,
-        verdict.value,
-        diagnosis.recovered_text(attempt.number, verifier.plan.restored_step),
-        f"incident.{verdict.value}",
-    )
+    outcome = diagnosis.recovered_text(attempt.number, verifier.plan.restored_step)
+    if record.diverged is not None:  # verified against a log that had already diverged
+        verifier.incident.details["unverifiable_past_step"] = record.diverged["step"]
+        outcome += verification.past_divergence_text(record.diverged)
+    s.incidents.conclude(verifier.incident, verdict.value, outcome, f"incident.{verdict.value}")
     if record.state is S.RECOVERING:
         s.table.transition(record, S.RUNNING, f"recovery {verdict}", verdict=verdict.value)
+
+
+def went_on(s: Services, record: JobRecord, attempt: Attempt, verifier: ReplayVerifier) -> None:
+    """A replay differed and the job asked to go on (``on_mismatch = "continue"``): the
+    incident is concluded ``mismatch`` with its evidence, the divergence kept in the record
+    (every later recovery is unverifiable past it), and the attempt runs on."""
+    step = verifier.mismatch_step
+    if record.diverged is None:
+        record.diverged = {"step": step, "incident": verifier.incident.id}
+    verifier.incident.details["mismatch"] = verifier.plan.mismatch
+    s.incidents.conclude(
+        verifier.incident,
+        Verdict.MISMATCH.value,
+        verification.mismatch_continued_text(attempt.number, step),
+        "incident.mismatch",
+    )
+    log.warning("replay.mismatch_continued", job=record.id, step=step)
+    reason = f"recovery mismatch at step {step}, continued (on_mismatch = continue)"
+    if record.state is S.RECOVERING:
+        s.table.transition(record, S.RUNNING, reason, verdict=Verdict.MISMATCH.value)
+    else:
+        s.table.save(record)
 
 
 async def wait_orphans(s: Services, record: JobRecord) -> int | None:

@@ -10,6 +10,8 @@ verdict means.
 
 from __future__ import annotations
 
+from typing import Any
+
 from jobwarden.daemon.incidents.records import Incident
 from jobwarden.events import Event
 from jobwarden.proof.replay import ReplayPlan, Verdict
@@ -123,3 +125,23 @@ class ReplayVerifier:
     def mismatch_step(self) -> int | None:
         """The step whose replayed state differed, if one did."""
         return self.plan.mismatch["step"] if self.plan.mismatch else None
+
+
+def mismatch_continued_text(attempt: int, step: int | None) -> str:
+    """The outcome of a replay that differed in a job that goes on regardless."""
+    return (
+        f"Mismatch, continued: attempt {attempt} replayed update {step} differently, so it "
+        "runs a different experiment from the one that failed; the job asked to go on "
+        "(on_mismatch = continue), so it was not stopped. Every later recovery of this "
+        "job is unverifiable past this step; `wardenctl verify` and the drills still "
+        "refuse it."
+    )
+
+
+def past_divergence_text(diverged: dict[str, Any]) -> str:
+    """What a later recovery's outcome adds once its job has diverged."""
+    return (
+        f" It reproduced the attempt before it, which had already diverged at step "
+        f"{diverged['step']} (incident {diverged['incident']}): the job is unverifiable "
+        "past that step."
+    )
