@@ -39,7 +39,8 @@ class TestAccount:
     """`account`: where each second of a job went."""
 
     def test_uninterrupted_job(self) -> None:
-        """Queue, start-up, one commit held, new updates, and the shutdown after the last one."""
+        """Queue, start-up, the first update's compilation, one commit held, new updates, and
+        the shutdown after the last one."""
         marks = [
             Mark("started", 2.0),
             Mark("ready", 3.0),
@@ -50,11 +51,11 @@ class TestAccount:
         ]
         found = account(0.0, [Trace(1, 1.0, 4.2, None, tuple(marks))], end=4.1)
         assert found.wall_s == pytest.approx(4.1)
-        assert found.productive_s == pytest.approx(1.0 - 0.02)
-        expected = {"queue": 1.0, "startup": 2.0, "checkpoint": 0.02, "other": 0.1}
+        assert found.productive_s == pytest.approx(1.0 - 0.1 - 0.02)
+        expected = {"queue": 1.0, "startup": 2.0, "compile": 0.1, "checkpoint": 0.02, "other": 0.1}
         assert close(expected, found.badput_s), found.badput_s
         assert (found.new_updates, found.replayed_updates) == (10, 0)
-        assert found.goodput == pytest.approx(0.98 / 4.1)
+        assert found.goodput == pytest.approx(0.88 / 4.1)
 
     def test_crash_then_resume_counts_replay_backoff_and_restore(self) -> None:
         """Attempt 1 dies 0.3 s after step 7; attempt 2 restores step 5 and redoes 6 and 7."""
@@ -74,12 +75,13 @@ class TestAccount:
         )
         found = account(0.0, [first, second], end=4.0)
         assert (found.new_updates, found.replayed_updates) == (10, 2)
-        assert found.productive_s == pytest.approx(0.7 + 0.3)
+        assert found.productive_s == pytest.approx(0.6 + 0.3)
         expected = {
             "startup": 1.0 + (1.0 - 0.2),
             "restore": 0.2,
+            "compile": 0.1 + 0.1,  # each attempt's first update
             "backoff": 0.5,
-            "replay": 0.2 + 0.3,  # steps 6 and 7 again; attempt 1's time after its last update
+            "replay": 0.1 + 0.3,  # step 7 again (6's time is compile); attempt 1's tail
         }
         assert close(expected, found.badput_s), found.badput_s
         assert found.wall_s == pytest.approx(found.productive_s + sum(found.badput_s.values()))
@@ -89,7 +91,8 @@ class TestAccount:
         trace = Trace(1, 0.0, 5.0, "stall", (Mark("ready", 1.0), *steps(1, 2, 1.5, 0.5)))
         found = account(0.0, [trace], end=5.0)
         assert found.badput_s["stall"] == pytest.approx(3.0)
-        assert found.productive_s == pytest.approx(1.0)
+        assert found.badput_s["compile"] == pytest.approx(0.5)
+        assert found.productive_s == pytest.approx(0.5)
 
     def test_a_job_still_queued_is_all_queue(self) -> None:
         """No attempt yet: every second so far is queue time and goodput is zero."""
@@ -104,7 +107,8 @@ def test_failure_cost_splits_the_time_from_last_update_to_first_new_one() -> Non
     marks = (Mark("started", 3.0), Mark("restored", 3.2, 5), Mark("ready", 3.5, 5))
     second = Trace(2, 2.5, None, None, (*marks, *steps(6, 10, 3.6)))
     cost = failure_cost([first, second], 1)
-    assert close({"lost": 0.3, "backoff": 0.5, "startup": 0.8, "restore": 0.2, "replay": 0.2}, cost)
+    expected = {"lost": 0.3, "backoff": 0.5, "startup": 0.8, "restore": 0.2, "compile": 0.1}
+    assert close({**expected, "replay": 0.1}, cost), cost
     first_new_update, last_update, its_own_time = 3.8, 1.7, 0.1
     assert sum(cost.values()) == pytest.approx(first_new_update - last_update - its_own_time)
 
@@ -175,7 +179,7 @@ def test_render_goodput_names_the_share_and_the_largest_cause_first() -> None:
     """The detail view's two lines."""
     found = account(0.0, [Trace(1, 4.0, 10.0, None, (Mark("ready", 5.0), *steps(1, 3, 5.5)))], 10)
     lines = render_goodput(found.as_record())
-    assert lines[0] == "goodput: 7.0 % of 0:00:10 (3 new updates, 0 replayed)"
+    assert lines[0] == "goodput: 2.0 % of 0:00:10 (3 new updates, 0 replayed)"  # 0.5 s compile
     assert lines[1].startswith("badput: replay")
     assert render_goodput(None) == []
 

@@ -10,6 +10,8 @@ Google's ml-goodput-measurement:
 - ``startup``: launch until ``ready`` (interpreter, JAX, data, compilation),
   less ``restore``;
 - ``restore``: ``started`` until ``restored``, for an attempt that resumed;
+- ``compile``: ``ready`` until the attempt's first update (its compilation: the
+  ``compile`` phase of the stall watch); that update is counted, its time is not;
 - ``replay``: updates redone after a failure (their step was reached by an
   earlier attempt), and a failed attempt's time after its last update (work
   the failure threw away);
@@ -34,7 +36,17 @@ from typing import Any
 from jobwarden.events import Event, parse_lines
 from jobwarden.jobfolder import ATTEMPTS, EVENTS_FILE, JOB_FILE
 
-BUCKETS = ("queue", "backoff", "startup", "restore", "replay", "checkpoint", "stall", "other")
+BUCKETS = (
+    "queue",
+    "backoff",
+    "startup",
+    "restore",
+    "compile",
+    "replay",
+    "checkpoint",
+    "stall",
+    "other",
+)
 KEPT = frozenset({"started", "restored", "ready", "progress", "checkpoint", "completed"})
 
 
@@ -108,7 +120,7 @@ def _attempt(trace: Trace, end: float, reached: int, out: Goodput) -> int:
     restore = (restored - started) if restored is not None and started is not None else 0.0
     out.add("restore", restore)
     out.add("startup", ready - trace.launched - max(0.0, restore))
-    last, held, high, completed = ready, 0.0, reached, False
+    last, held, high, completed, first = ready, 0.0, reached, False, True
     for mark in marks:
         if mark.time < ready or mark.time > end:
             continue
@@ -119,11 +131,15 @@ def _attempt(trace: Trace, end: float, reached: int, out: Goodput) -> int:
         elif mark.kind == "progress":
             span, blocked = mark.time - last, min(held, max(0.0, mark.time - last))
             out.add("checkpoint", blocked)
+            net = max(0.0, span - blocked)
+            if first:  # the attempt's first update: its compilation
+                out.add("compile", net)
+                net, first = 0.0, False
             if mark.step <= reached:
-                out.add("replay", span - blocked)
+                out.add("replay", net)
                 out.replayed_updates += 1
             else:
-                out.productive_s += max(0.0, span - blocked)
+                out.productive_s += net
                 out.new_updates += 1
             last, held, high = mark.time, 0.0, max(high, mark.step)
     tail = max(0.0, end - last)

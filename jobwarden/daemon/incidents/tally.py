@@ -55,6 +55,8 @@ class Tally:
     last_progress: float | None = None
     held: float = 0.0
     checkpoint_s: float = 0.0
+    compile_s: float = 0.0
+    """ready until the first update (`goodput`'s compile bucket)"""
     high: int = 0
     count: int = 0
     total_net: float = 0.0
@@ -94,6 +96,8 @@ class Tally:
             blocked = min(self.held, max(0.0, span))
             net = max(0.0, span - blocked)
             self.checkpoint_s += blocked
+            if not self.count:  # the attempt's first update: its compilation
+                self.compile_s, net = net, 0.0
             if self.steps and mark.step < self.steps[-1]:
                 self.monotonic = False
             self.steps.append(mark.step)
@@ -135,6 +139,7 @@ class Tally:
         restore = restored - started if restored is not None and started is not None else 0.0
         out.add("restore", restore)
         out.add("startup", self.ready - launched - max(0.0, restore))
+        out.add("compile", self.compile_s)
         out.add("checkpoint", self.checkpoint_s)
         out.add("replay", replay_s)
         out.productive_s += max(0.0, self.total_net - replay_s)
@@ -159,7 +164,8 @@ class Tally:
     def as_record(self) -> dict[str, Any]:
         """The saved form: everything but the per-update arrays (call `fix` first)."""
         plain = ("number", "launched", "ended", "stopped_by", "started", "restored", "ready")
-        sums = ("last", "last_progress", "held", "checkpoint_s", "high", "count", "total_net")
+        sums: tuple[str, ...] = ("last", "last_progress", "held", "checkpoint_s", "compile_s")
+        sums += ("high", "count", "total_net")
         record: dict[str, Any] = {"schema": SCHEMA}
         record |= {name: getattr(self, name) for name in (*plain, *sums, "completed")}
         record["truncated"] = self.truncated
@@ -189,6 +195,7 @@ def from_record(record: dict[str, Any]) -> Tally:
         "total_net",
     )
     tally = Tally(**{name: record[name] for name in names})
+    tally.compile_s = float(record.get("compile_s", 0.0))  # a summary saved before it was kept
     tally.completed, tally.truncated = bool(record["completed"]), bool(record["truncated"])
     reached, replayed, replay_s = record["fixed"]
     tally.fixed = (int(reached), int(replayed), float(replay_s))
