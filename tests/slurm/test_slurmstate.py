@@ -84,6 +84,15 @@ class TestExit:
         found = exit_of(job(state, exit_code), script)
         assert expected == (found.status, found.signal)
 
+    @pytest.mark.parametrize(
+        ("state", "preempted"),
+        [("PREEMPTED", True), ("NODE_FAIL", True), ("REQUEUED", True), ("TIMEOUT", False)],
+    )
+    def test_a_preemption_says_so_whatever_the_program(self, state: str, preempted: bool) -> None:
+        """Preempted, failed node, requeued: marked preempted, so a plain program's restart
+        is not counted against its budget either; a time limit is the program's own exit."""
+        assert exit_of(job(state, "0:0"), None).preempted is preempted
+
     def test_out_of_memory_is_a_failure_that_names_itself(self) -> None:
         """OUT_OF_MEMORY: killed, and the signal field says by Slurm's memory limit."""
         found = exit_of(job("OUT_OF_MEMORY", "0:9"), None)

@@ -187,3 +187,20 @@ def test_the_counters_survive_a_daemon_restart(tmp_path: Path) -> None:
     assert isinstance(outcome, Fail)
     assert outcome.loop is not None
     assert [a["attempt"] for a in outcome.loop.attempts] == [1, 2, 3, 4]
+
+
+def test_a_plain_program_preempted_by_slurm_never_counts() -> None:
+    """A plain program's exit 75 is its own failure, but one Slurm preempted or requeued
+    (ExitInfo.preempted) is a preemption: restarted, neither counter moves."""
+    rec = record()
+    report = AttemptReport(1, emits_events=False)
+    preempted = ExitInfo(PreemptedExit.exit_status, None, 1.0, preempted=True)
+    for _ in range(10):
+        outcome = policy.decide(rec, report, preempted, 0, 1.0)
+        assert isinstance(outcome, Restart)
+        assert outcome.kind is K.PREEMPTION
+        assert outcome.budget is not None
+        assert (outcome.budget.without_progress, outcome.budget.failures) == (0, ())
+    own = policy.decide(rec, report, ExitInfo.from_status(PreemptedExit.exit_status, 1.0), 0, 1.0)
+    assert isinstance(own, Restart)
+    assert own.kind is K.CRASH

@@ -79,6 +79,8 @@ class ExitInfo:
     status: int
     signal: str | None
     duration_s: float
+    preempted: bool = False
+    """The cluster preempted it (Slurm): never a failure of the program, whatever its status."""
 
     @classmethod
     def from_status(cls, status: int, duration_s: float) -> ExitInfo:

@@ -24,8 +24,9 @@ across a daemon restart):
   same error is a deterministic failure no restart heals; different points are
   an unstable environment (`CrashLoop`).
 
-Preemptions (a ``preemption`` kind: SIGTERM from Slurm, a requeue, a time limit)
-never count: they spend neither counter, and one that made progress still sets
+Preemptions (a ``preemption`` kind: an SDK worker's exit 75 after a SIGTERM it was
+sent, from Slurm or at a time limit after its commit; anything Slurm preempted or
+requeued, a plain program's attempt too) never count: they spend neither counter, and one that made progress still sets
 the count without progress back to 0.  The daemon's own stops of an operator or
 a shutdown never reach here (`policy.decide` preempts them first).
 """

@@ -172,8 +172,9 @@ class UnappliableOutcome(JobwardenError):
         super().__init__(message, job=job, outcome=repr(outcome))
 
 
-def classify(report: AttemptReport, status: int) -> IncidentKind:
-    """The kind of failure of an attempt that ended without completing."""
+def classify(report: AttemptReport, status: int, preempted: bool = False) -> IncidentKind:
+    """The kind of failure of an attempt that ended without completing (``preempted``: the
+    cluster said so, as Slurm does of a preemption or a requeue)."""
     if report.stopped_by is StopReason.MISMATCH:
         return K.REPLAY_MISMATCH
     if report.stopped_by is StopReason.STALL:
@@ -182,7 +183,7 @@ def classify(report: AttemptReport, status: int) -> IncidentKind:
         return K.RSS_LIMIT
     if report.failure_code in ESCALATING_CODES:
         return ESCALATING_CODES[report.failure_code]
-    if status == PreemptedExit.exit_status and report.emits_events:
+    if preempted or (status == PreemptedExit.exit_status and report.emits_events):
         return K.PREEMPTION
     return K.CRASH
 
@@ -226,7 +227,7 @@ def decide(
         )
     if exit.status == 0 and report.finished:
         return Completed(f"attempt {report.number} completed")
-    kind = classify(report, exit.status)
+    kind = classify(report, exit.status, exit.preempted)
     if kind in ESCALATING_KINDS:
         return Escalate(f"{kind}: {report.failure_message or ''}", kind)
     supervision = record.job.supervision

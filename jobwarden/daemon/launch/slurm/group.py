@@ -75,7 +75,8 @@ class SlurmTask(RunningAttempt):
         await pumping
         ended = exit_of(self.watch.job if self.watch.over else None, status)
         started = self.watch.started_mono or self.watch.submitted_mono
-        return self._ended(ExitInfo(ended.status, ended.signal, time.monotonic() - started))
+        duration = time.monotonic() - started
+        return self._ended(ExitInfo(ended.status, ended.signal, duration, ended.preempted))
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to the job's steps: every member gets it."""

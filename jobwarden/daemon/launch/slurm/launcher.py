@@ -120,7 +120,7 @@ class SlurmAttempt(RunningAttempt):
         ended = exit_of(job, read_status(self.spec.folder / EXIT_RECORD))
         log.info("slurm.ended", slurm_job=self.job_id, status=ended.status, why=ended.why)
         duration = time.monotonic() - (watch.started_mono or watch.submitted_mono)
-        return self._ended(ExitInfo(ended.status, ended.signal, duration))
+        return self._ended(ExitInfo(ended.status, ended.signal, duration, ended.preempted))
 
     def signal(self, signum: int) -> None:
         """Send ``signum`` to the job's steps (the worker), never to srun."""

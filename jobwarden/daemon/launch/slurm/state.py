@@ -140,6 +140,8 @@ class SlurmExit:
     status: int
     signal: str | None
     why: str
+    preempted: bool = False
+    """Slurm preempted or requeued it: a preemption whatever the program (a plain one too)"""
 
 
 def exit_of(job: SlurmJob | None, script_status: int | None) -> SlurmExit:
@@ -155,7 +157,7 @@ def exit_of(job: SlurmJob | None, script_status: int | None) -> SlurmExit:
     if job.phase is Phase.REQUEUED or job.state in PREEMPTION_STATES:
         why = "requeued by Slurm" if job.phase is Phase.REQUEUED else f"Slurm {job.state}"
         # Whatever the worker's own exit (a requeue resets ExitCode to 0:0), it was preempted.
-        return SlurmExit(PREEMPTED_STATUS, None, f"{why}: a preemption")
+        return SlurmExit(PREEMPTED_STATUS, None, f"{why}: a preemption", preempted=True)
     if job.state == "OUT_OF_MEMORY":
         return SlurmExit(
             status if status < 0 else -signal.SIGKILL,
