@@ -26,9 +26,10 @@ across a daemon restart):
 
 Preemptions (a ``preemption`` kind: an SDK worker's exit 75 after a SIGTERM it was
 sent, from Slurm or at a time limit after its commit; anything Slurm preempted or
-requeued, a plain program's attempt too) never count: they spend neither counter, and one that made progress still sets
-the count without progress back to 0.  The daemon's own stops of an operator or
-a shutdown never reach here (`policy.decide` preempts them first).
+requeued, a plain program's attempt too) never count: they spend neither
+counter, and one that made progress still sets the count without progress back
+to 0.  The daemon's own stops of an operator or a shutdown never reach here
+(`policy.decide` preempts them first).
 """
 
 from __future__ import annotations
