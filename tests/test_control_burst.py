@@ -193,3 +193,25 @@ class TestWaitingRoom:
         finally:
             for conn in made:
                 conn.close()
+
+    def test_a_ready_waiter_outwaits_a_silent_one(self) -> None:
+        """At WAIT_S the silent waiter is told busy; the one whose request is in its socket
+        waits on (a loaded daemon serves it late, not never) until READY_WAIT_S."""
+        now = [0.0]
+        rooms = admission.Admission({0}, capacity=1, room=10, clock=lambda: now[0])
+        rooms.take(NOBODY)
+        made = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2)]
+        try:
+            silent = admission.Waiter(made[0], 1, NOBODY, 0.0, False)
+            ready = admission.Waiter(made[1], 1, NOBODY, 0.0, True)
+            rooms.enqueue(silent)
+            rooms.enqueue(ready)
+            now[0] = admission.WAIT_S
+            assert rooms.expired() == [silent]
+            now[0] = admission.READY_WAIT_S - 0.01
+            assert rooms.expired() == []
+            now[0] = admission.READY_WAIT_S
+            assert rooms.expired() == [ready]
+        finally:
+            for conn in made:
+                conn.close()

@@ -9,7 +9,8 @@ back from its connection (*evicted*) only for a ready waiter, and only from one 
 has had its chance: waiting for a request for `GRACE_S`, or for its client to take an
 answer for `STUCK_S`; among those, from the uid holding the most slots.  When the queue
 is full a newcomer takes the place of the newest waiter of a heavier uid, else it is
-the one told busy.  So one uid, an attacker in the control group, holding every slot
+the one told busy.  A waiter without a request is told busy after `WAIT_S`, one with
+a request after `READY_WAIT_S`.  So one uid, an attacker in the control group, holding every slot
 and every place in the queue, keeps no operator waiting longer than `GRACE_S` or
 `STUCK_S`, and an honest burst of clients is served in turn instead of evicted.
 """
@@ -30,7 +31,11 @@ its slot: a client sends its line as soon as it is connected."""
 STUCK_S = 0.5
 """How long an answer waits for its client before a waiting client may take the slot."""
 WAIT_S = 5.0
-"""How long a client waits for a slot before it is told ``control.busy``."""
+"""How long a client without a complete request waits for a slot before it is told
+``control.busy``."""
+READY_WAIT_S = 30.0
+"""How long a client whose request is in its socket waits: it is served in turn however
+slow the daemon is (an honest burst on a loaded machine), up to this."""
 PEEK_BYTES = 4096
 """How much of a waiting client's first line is looked at to tell whether it is complete."""
 
@@ -198,10 +203,11 @@ class Admission:
             self.queues[key] = deque(sorted(self.queues[key], key=lambda w: w.since))
 
     def expired(self) -> list[Waiter]:
-        """Take every waiter that has waited `WAIT_S` for a slot."""
-        limit = self.clock() - WAIT_S
-        gone = []
+        """Take every waiter that has waited for a slot `WAIT_S` without a request, or
+        `READY_WAIT_S` with one."""
+        now, gone = self.clock(), []
         for key in list(self.queues):
+            limit = now - (READY_WAIT_S if key[0] else WAIT_S)
             while key in self.queues and self.queues[key][0].since <= limit:
                 gone.append(self._pop(key))
         return gone
