@@ -62,7 +62,7 @@ def test_a_worker_handed_to_a_spare_is_found_by_its_job(tmp_path: Path) -> None:
             found_a = [pid for pid, _ in launcher.find_orphans(root / "jobs" / "a")]
             return found_b, found_a, [cold.pid or 0, handed.pid or 0]
         finally:
-            launcher.close()
+            await launcher.close()
             for running in (cold, handed):
                 running.kill()
                 with contextlib.suppress(psutil.Error):

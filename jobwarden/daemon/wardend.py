@@ -150,7 +150,7 @@ class Wardend:
         observer.stop()
         observer.join(5)
         await self.server.close()
-        self.launcher.close()
+        await self.launcher.close()
         self.hooks.close()
         self.exporter.close()
         self.incidents.close()

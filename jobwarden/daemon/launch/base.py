@@ -266,7 +266,7 @@ class Launcher(abc.ABC):
         None when it cannot, and the daemon recovers by a new attempt."""
         return None
 
-    def close(self) -> None:  # noqa: B027 - most launchers hold nothing between attempts
+    async def close(self) -> None:  # noqa: B027 - most launchers hold nothing between attempts
         """The daemon stops: let go of what the launcher keeps between attempts (spares)."""
 
     def find_orphans(self, job_folder: Path) -> list[tuple[int, float | None]]:

@@ -105,10 +105,11 @@ class LocalLauncher(Launcher):
         self.spares = SparePool() if self.settings.warm_spares else None
         """Warm spares for built-in task jobs (`jobwarden.daemon.launch.spares`); None: cold."""
 
-    def close(self) -> None:
-        """Retire every warm spare (each ends at once when its stdin closes)."""
+    async def close(self) -> None:
+        """Retire every warm spare (each ends at once when its stdin closes) and wait for
+        them to end."""
         if self.spares is not None:
-            self.spares.close()
+            await self.spares.close()
 
     async def wait_orphan(self, pid: int, started: float | None) -> None:
         """Poll the old worker until it exits (it sees its stdout break, commits and leaves);

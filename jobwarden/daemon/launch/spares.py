@@ -26,8 +26,10 @@ itself when its stdin closes (the daemon exits, however it exits).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -56,6 +58,10 @@ HANDED_FILE = "handed"
 
 Spawn = Callable[[LaunchSpec, str], Awaitable[RunningAttempt]]
 Adopt = Callable[[LaunchSpec, asyncio.subprocess.Process], RunningAttempt]
+
+
+CLOSE_WAIT_S = 5.0
+"""How long the daemon's shutdown waits for its retired spares to end before SIGKILL."""
 
 
 def spare_key(spec: LaunchSpec) -> str | None:
@@ -216,14 +222,25 @@ class SparePool:
         """The pids of the spares not handed out (for tests and status)."""
         return [s.proc.pid for s in self.spares.values() if s.alive()]
 
-    def close(self) -> None:
-        """Retire every spare (they end at once)."""
-        for spare in self.spares.values():
+    async def close(self) -> None:
+        """Retire every spare and wait for it to end (it does at once), SIGKILLing any still
+        there after `CLOSE_WAIT_S`, so that none outlives the daemon's loop."""
+        spares = list(self.spares.values())
+        for spare in spares:
             spare.retire()
         self.spares.clear()
         for timer in self._timers.values():
             timer.cancel()
-        self._background.cancel()
+        if spares:
+            waits = [asyncio.ensure_future(spare.proc.wait()) for spare in spares]
+            _, late = await asyncio.wait(waits, timeout=CLOSE_WAIT_S)
+            for spare in spares:
+                if spare.alive():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(spare.proc.pid, signal.SIGKILL)
+            if late:
+                await asyncio.wait(late, timeout=CLOSE_WAIT_S)
+        await self._background.cancel_and_wait()
 
 
 def handed_to(folder: str) -> str:
