@@ -199,3 +199,19 @@ def human(text: str) -> None:
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.write(text)
         sys.stderr.flush()
+
+
+def step_ranges(steps: Iterable[int]) -> str:
+    """Steps as an operator reads them: runs of consecutive steps as ranges, the rest one by
+    one, in order (``[1, 2, 3, 7, 9, 10]``: ``1..3, 7, 9..10``; none: ``none``), so that
+    4,389 replayed updates are ``12..4400``, not 4,389 numbers."""
+    ordered = sorted(set(steps))
+    if not ordered:
+        return "none"
+    runs: list[list[int]] = [[ordered[0], ordered[0]]]
+    for step in ordered[1:]:
+        if step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from jobwarden.events import Emitter, Event, Malformed, SupervisorGone, parse_line
+from jobwarden.events import Emitter, Event, Malformed, SupervisorGone, parse_line, step_ranges
 
 
 def test_emitted_events_parse_back() -> None:
@@ -57,3 +57,18 @@ def test_a_broken_stream_raises_supervisor_gone() -> None:
         emitter.emit("preempted", step=1, reason="x")
     with pytest.raises(SupervisorGone):
         emitter.emit("preempted", step=1, reason="x")
+
+
+@pytest.mark.parametrize(
+    ("steps", "shown"),
+    [
+        ([], "none"),
+        ([5], "5"),
+        ([5, 6], "5..6"),
+        (list(range(12, 4401)), "12..4400"),
+        ([9, 1, 2, 3, 7, 10, 3], "1..3, 7, 9..10"),
+    ],
+)
+def test_steps_are_shown_as_ranges(steps: list[int], shown: str) -> None:
+    """4,389 replayed updates are one range, not 4,389 numbers; gaps are kept, in order."""
+    assert step_ranges(steps) == shown

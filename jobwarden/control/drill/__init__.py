@@ -29,6 +29,7 @@ from jobwarden.control.drill.jobs import DrillJob, DrillJobError
 from jobwarden.control.drill.plan import FaultPoints
 from jobwarden.control.drill.setup import fault_points, learn_run, prepare
 from jobwarden.control.drill.verdict import Check, DrillResult
+from jobwarden.events import step_ranges
 
 __all__ = [
     "DRILLS",
@@ -169,7 +170,7 @@ def render(result: DrillResult) -> str:
         )
     if summary.get("restored_step") is not None:
         lines.append(f"restored step: {summary['restored_step']}")
-        lines.append(f"replayed steps: {summary['replayed_steps']}")
+        lines.append(f"replayed steps: {step_ranges(summary['replayed_steps'] or [])}")
     if "all_hashes_equal" in summary:
         lines.append(
             "every state hash matched the reference: "

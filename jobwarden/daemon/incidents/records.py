@@ -28,6 +28,7 @@ from jobwarden.daemon.store.evidence import describe
 from jobwarden.daemon.store.layout import Root
 from jobwarden.daemon.store.rootcheck import PRIVATE_FILE, RootUnsafeError, open_private
 from jobwarden.errors import IncidentKind
+from jobwarden.events import step_ranges
 
 if TYPE_CHECKING:
     from jobwarden.daemon.store.jobs import JobRecord
@@ -67,11 +68,8 @@ class Incident:
 
 
 def _step_list(steps: list[int]) -> str:
-    if not steps:
-        return "none"
-    if steps == list(range(steps[0], steps[-1] + 1)) and len(steps) > 2:
-        return f"{steps[0]}..{steps[-1]} ({len(steps)} updates)"
-    return ", ".join(str(s) for s in steps)
+    shown = step_ranges(steps)
+    return f"{shown} ({len(steps)} updates)" if len(steps) > 2 else shown
 
 
 def render_runbook(incident: Incident) -> str:

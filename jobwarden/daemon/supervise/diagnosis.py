@@ -186,6 +186,14 @@ def symptom(attempt: Attempt, info: ExitInfo, kind: IncidentKind) -> str:
     )
 
 
+def killed_from_outside(attempt: Attempt) -> str | None:
+    """The signal that ended an attempt the daemon did not stop and that reported no failure."""
+    info = attempt.running.exit_info
+    if info is None or attempt.stop_reason is not None or attempt.failure is not None:
+        return None
+    return info.signal
+
+
 def prevention(attempt: Attempt, kind: IncidentKind, incident: Incident) -> list[str]:
     """Prevention work derived from the failure, kept apart from the restoration."""
     job = attempt.record.job
@@ -204,6 +212,14 @@ def prevention(attempt: Attempt, kind: IncidentKind, incident: Incident) -> list
             f"This failure was injected by a drill ([faults] {written}); drill "
             "faults apply to the first attempt only. Nothing to fix in the program; "
             "keep [faults] out of production job files."
+        )
+    elif kind is K.CRASH and (killed := killed_from_outside(attempt)) is not None:
+        rss = attempt.sample.get("rss_mb", "an unknown number of")
+        lines.append(
+            f"It was killed by {killed}, not by the daemon: a signal leaves no traceback. "
+            f"From outside it is usually the kernel's OOM killer (its last sample: {rss} MB "
+            "resident; see dmesg, or its cgroup's memory.events), an operator or a node "
+            "agent: look there before at the program."
         )
     elif kind is K.CRASH:
         lines.append(

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobwarden.daemon.incidents.records import Incident
-from jobwarden.events import Event
+from jobwarden.events import Event, step_ranges
 from jobwarden.proof.replay import ReplayPlan, Verdict
 
 V = Verdict
@@ -101,7 +101,7 @@ class ReplayVerifier:
             replayed = [c["step"] for c in plan.checks if c["what"] == "update"]
             text = (
                 f"verified: all {len(plan.checks)} logged state(s) reproduced exactly "
-                f"(restored state and updates {', '.join(map(str, replayed)) or 'none'})."
+                f"(restored state and updates {step_ranges(replayed)})."
             )
         else:
             text = (
