@@ -235,6 +235,8 @@ class Attempt:
             committed_step=self.checkpoint[0] if self.checkpoint is not None else None,
             last_step=self.last_progress["step"] if self.last_progress is not None else None,
             checkpoint_every=self.record.job.run.checkpoint_every,
+            events_seen=self.last_event is not None,
+            stray_lines=self.malformed.seen if self.malformed is not None else 0,
         )
 
 

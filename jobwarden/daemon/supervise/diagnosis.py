@@ -44,20 +44,18 @@ def escalation_reason(attempt: Attempt, kind: IncidentKind) -> str:
     """Why an escalated failure needs a person, in one sentence."""
     failure = attempt.failure
     message = failure["message"] if failure is not None else "no failure event"
+    if kind is K.INVALID_REQUEST and attempt.last_event is None:  # no SDK, as policy says
+        stray = attempt.malformed.seen if attempt.malformed is not None else 0
+        return (
+            f"its stdout carried no jobwarden event ({stray} lines that are no events) and "
+            "it exited 0: the program does not use jobwarden.sdk. Set `sdk = false` in its "
+            "job file (docs/jobfile.md) and submit it again (`wardenctl submit --replace`)."
+        )
     return {
         K.INCOMPATIBLE_CHECKPOINT: f"the checkpoint is incompatible ({message}).",
         K.CORRUPT_CHECKPOINT: f"no usable checkpoint is left ({message}).",
         K.DUPLICATE_WRITER: f"another process writes this checkpoint directory ({message}).",
     }.get(kind, f"{message}.")
-
-
-MISMATCH_OUTCOME = (
-    "Escalated: the attempt was stopped at once (SIGKILL, so it commits nothing more), "
-    "every file is kept, and no restart follows. A person must compare the saved state's "
-    "components (the one the verification names first), its step and the data, config "
-    "and source hashes (wardenctl inspect) before deciding. To start fresh: "
-    "`wardenctl remove JOB`, then submit; or `wardenctl submit --replace FILE`."
-)
 
 
 def start_fresh(job_id: str) -> str:

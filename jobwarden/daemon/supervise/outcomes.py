@@ -231,7 +231,7 @@ def escalate_mismatch(
     s: Services, record: JobRecord, outcome: policy.Escalate, incident: Incident
 ) -> None:
     """A replayed state differed: the recovery's own incident is escalated."""
-    s.incidents.conclude(incident, "escalated", diagnosis.MISMATCH_OUTCOME, "incident.escalated")
+    s.incidents.conclude(incident, "escalated", verification.MISMATCH_OUTCOME, "incident.escalated")
     s.table.transition(record, S.ESCALATED, outcome.reason, incident=incident.id)
 
 

@@ -12,7 +12,9 @@ The rules, in the order they apply:
    `Preempted` (after a shutdown, resumed when the daemon starts again);
 3. exit status 0 after a ``completed`` event: `Completed`; for a plain program,
    which emits no events (``emits_events`` false), exit status 0 of an attempt
-   the daemon did not stop;
+   the daemon did not stop; exit status 0 of a job that should emit events but
+   wrote none (a plain program left at ``sdk = true``): `Escalate`, as no
+   restart can mend it;
 4. anything else is a failure of some `IncidentKind` (`classify`):
    - kinds a restart cannot mend (an incompatible or exhausted checkpoint
      directory, a duplicate writer, an invalid request...): `Escalate`;
@@ -102,6 +104,11 @@ class AttemptReport:
     last_step: int | None = None
     """The update of its last ``progress`` event; None before its first update."""
     checkpoint_every: int = 1
+    events_seen: bool = True
+    """Whether stdout carried any jobwarden event (a program left at ``sdk = true`` that
+    does not use the SDK carries none)."""
+    stray_lines: int = 0
+    """Lines of stdout that were no events."""
 
     @property
     def finished(self) -> bool:
@@ -227,6 +234,12 @@ def decide(
         )
     if exit.status == 0 and report.finished:
         return Completed(f"attempt {report.number} completed")
+    if exit.status == 0 and report.emits_events and not report.events_seen:
+        return Escalate(
+            f"exit status 0 and no jobwarden event on stdout ({report.stray_lines} lines that "
+            "are no events): the program does not use jobwarden.sdk; set sdk = false",
+            K.INVALID_REQUEST,
+        )
     kind = classify(report, exit.status, exit.preempted)
     if kind in ESCALATING_KINDS:
         return Escalate(f"{kind}: {report.failure_message or ''}", kind)

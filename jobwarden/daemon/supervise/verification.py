@@ -145,3 +145,12 @@ def past_divergence_text(diverged: dict[str, Any]) -> str:
         f"{diverged['step']} (incident {diverged['incident']}): the job is unverifiable "
         "past that step."
     )
+
+
+MISMATCH_OUTCOME = (
+    "Escalated: the attempt was stopped at once (SIGKILL, so it commits nothing more), "
+    "every file is kept, and no restart follows. A person must compare the saved state's "
+    "components (the one the verification names first), its step and the data, config "
+    "and source hashes (wardenctl inspect) before deciding. To start fresh: "
+    "`wardenctl remove JOB`, then submit; or `wardenctl submit --replace FILE`."
+)
