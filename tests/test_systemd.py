@@ -86,6 +86,33 @@ def test_unit_exposure_is_at_most_2(rendered_unit: Path) -> None:
     assert "MemoryDenyWriteExecute=" in done.stdout
 
 
+def home_drop_in() -> str:
+    """The drop-in docs/deploy.md gives for code under /home (its ini block)."""
+    text = (PROJECT / "docs" / "deploy.md").read_text()
+    section = text[text.index("**Code under `/home`.**") :]
+    found = re.search(r"```ini\n(.*?)```", section, re.DOTALL)
+    assert found is not None, "docs/deploy.md has no drop-in block for /home"
+    return found.group(1)
+
+
+def test_the_home_drop_in_of_the_docs_verifies_and_keeps_the_score(
+    rendered_unit: Path,
+) -> None:
+    """The documented drop-in, beside the unit as systemctl edit puts it: systemd-analyze
+    verify reports nothing, the security scan sees its ProtectHome=tmpfs, and the exposure
+    stays what the unit's is."""
+    drop_ins = rendered_unit.parent / "wardend.service.d"
+    drop_ins.mkdir()
+    (drop_ins / "override.conf").write_text(home_drop_in())
+    done = analyze("verify", str(rendered_unit))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == ""
+    scan = analyze("security", "--offline=true", "--threshold=20", str(rendered_unit))
+    assert "fake empty home directories" in scan.stdout  # ProtectHome=tmpfs, read in
+    score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", scan.stdout).group(1))
+    assert score <= 0.5
+
+
 def test_unit_settings_the_daemon_relies_on() -> None:
     """Type=notify with a watchdog, graceful KillMode, and a stop timeout above the grace."""
     text = UNIT.read_text()
