@@ -353,6 +353,22 @@ def test_remove_of_a_running_job_is_refused(tmp_path: Path) -> None:
     play(tmp_path, scenario)
 
 
+def test_a_job_removed_for_its_replacement_is_archived_as_replaced(tmp_path: Path) -> None:
+    """remove with replacing (what submit --replace sends): the archive's reason says
+    replaced, not removed by operator."""
+
+    async def scenario(rig: Rig) -> None:
+        rig.job_in("old", S.COMPLETED)
+        life = Lifecycle(rig)
+        answer = life.handlers()["remove"]({"jobs": ["old"], "replacing": True})["results"][0]
+        archived = rig.root.path / "archive" / answer["archived"]
+        assert json.loads((archived / "archived.json").read_text())["reason"] == (
+            "replaced (wardenctl submit --replace)"
+        )
+
+    play(tmp_path, scenario)
+
+
 def test_remove_archives_a_settled_job_whole_and_frees_its_id(tmp_path: Path) -> None:
     """remove: the folder moves into archive/ with its note, the id leaves the table, and
     archived lists it."""

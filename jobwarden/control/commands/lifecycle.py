@@ -107,7 +107,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return submit_file(args)  # it lists what is wrong with the file
     job_id = document.get("id")
     if isinstance(job_id, str):
-        answer = ask(args, "remove", jobs=[job_id])["results"][0]
+        answer = ask(args, "remove", jobs=[job_id], replacing=True)["results"][0]
         if answer["ok"]:
             sys.stderr.write(f"wardenctl submit: {job_id} archived as {answer['archived']}\n")
         elif answer["error"]["code"] != "control.no_such_job":

@@ -69,7 +69,11 @@ class Lifecycle:
             "stop": self.stop,
             "cancel": lambda args: self.each(args, self.cancel_one, "cancel"),
             "restart": lambda args: self.each(args, self.restart_one, None),
-            "remove": lambda args: self.each(args, self.remove_one, "remove"),
+            "remove": lambda args: self.each(
+                args,
+                lambda r: self.remove_one(r, replacing=args.get("replacing") is True),
+                "remove",
+            ),
             "signal": self.signal,
             "archived": lambda args: off_loop(archive.rows, self.daemon.root),
             "rejected": self.rejected,
@@ -223,8 +227,9 @@ class Lifecycle:
         log.info("job.signalled", job=record.id, attempt=attempt.number, signal=signum.name)
         return {"job": record.id, "signal": signum.name, "pid": attempt.running.pid}
 
-    def remove_one(self, record: JobRecord) -> dict[str, Any]:
-        """Archive a settled job whole; its id is free again."""
+    def remove_one(self, record: JobRecord, replacing: bool = False) -> dict[str, Any]:
+        """Archive a settled job whole; its id is free again (``replacing``: for the job file
+        ``submit --replace`` hands in next, which the archive's reason says)."""
         if record.state not in archive.REMOVABLE or record.id in self.daemon.supervisors:
             raise ControlError(
                 "control.bad_state",
@@ -232,9 +237,8 @@ class Lifecycle:
                 "cancelled, failed or escalated jobs (cancel it first)",
             )
         state = record.state.value
-        target = archive.archive_job(
-            self.daemon.root, self.daemon.table, record, "removed by operator"
-        )
+        why = "replaced (wardenctl submit --replace)" if replacing else "removed by operator"
+        target = archive.archive_job(self.daemon.root, self.daemon.table, record, why)
         self.daemon.incidents.forget(record.id)
         return {"state": state, "archived": target.name}
 
