@@ -110,6 +110,8 @@ class SparePool:
     handed: int = 0
     _timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
     _background: Background = field(default_factory=lambda: Background("spare"))
+    _retiring: set[asyncio.subprocess.Process] = field(default_factory=set)
+    """Retired spares not yet seen to end (the daemon's shutdown waits for them too)."""
 
     async def start(self, spec: LaunchSpec, spawn: Spawn, adopt: Adopt) -> RunningAttempt:
         """Start ``spec``'s attempt: on this key's spare when one is ready, else cold (``spawn``);
@@ -216,31 +218,37 @@ class SparePool:
         if spare is not None:
             log.info("spare.retired", pid=spare.proc.pid)
             spare.retire()
-            self._background.spawn(spare.proc.wait())
+            self._retiring.add(spare.proc)
+            self._background.spawn(self._ended(spare.proc))
 
     def pids(self) -> list[int]:
         """The pids of the spares not handed out (for tests and status)."""
         return [s.proc.pid for s in self.spares.values() if s.alive()]
 
+    async def _ended(self, proc: asyncio.subprocess.Process) -> None:
+        await proc.wait()
+        self._retiring.discard(proc)
+
     async def close(self) -> None:
-        """Retire every spare and wait for it to end (it does at once), SIGKILLing any still
-        there after `CLOSE_WAIT_S`, so that none outlives the daemon's loop."""
-        spares = list(self.spares.values())
-        for spare in spares:
-            spare.retire()
-        self.spares.clear()
+        """Retire every spare and wait for it, and for those retired before, to end (they do
+        at once), SIGKILLing any still there after `CLOSE_WAIT_S`: none outlives the loop."""
         for timer in self._timers.values():
             timer.cancel()
-        if spares:
-            waits = [asyncio.ensure_future(spare.proc.wait()) for spare in spares]
+        await self._background.cancel_and_wait()  # no spare starts from now on
+        for spare in self.spares.values():
+            spare.retire()
+        procs = [spare.proc for spare in self.spares.values()] + list(self._retiring)
+        self.spares.clear()
+        self._retiring.clear()
+        if procs:
+            waits = [asyncio.ensure_future(proc.wait()) for proc in procs]
             _, late = await asyncio.wait(waits, timeout=CLOSE_WAIT_S)
-            for spare in spares:
-                if spare.alive():
+            for proc in procs:
+                if proc.returncode is None:
                     with contextlib.suppress(ProcessLookupError):
-                        os.killpg(spare.proc.pid, signal.SIGKILL)
+                        os.killpg(proc.pid, signal.SIGKILL)
             if late:
                 await asyncio.wait(late, timeout=CLOSE_WAIT_S)
-        await self._background.cancel_and_wait()
 
 
 def handed_to(folder: str) -> str:
