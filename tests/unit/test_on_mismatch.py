@@ -84,3 +84,30 @@ def test_escalate_stays_the_default(tmp_path: Path) -> None:
         assert record.diverged is None
 
     play(tmp_path, scenario)
+
+
+def test_a_drills_failure_whose_replay_differs_is_not_told_there_is_nothing_to_fix(
+    tmp_path: Path,
+) -> None:
+    """fail_after injects the crash; the recovery's replay then differs. The prevention says
+    the failure is the drill's and that what the recovery found is the program's own, and
+    asks to find why the replay differs: no 'nothing to fix in the program' beside it."""
+
+    async def scenario(rig: Rig) -> None:
+        record = rig.submit("drilled", faults={"fail_after": 5})
+        same, other = rig.worker(record, "a"), rig.worker(record, "b")
+        rig.launcher.plan(
+            "drilled",
+            [*same.start(), *same.updates(1, 5), Exit(1)],
+            [*same.start(4), *other.updates(5, 8), *other.completed()],
+        )
+        await rig.launched(record)
+        await rig.until_settled("drilled")
+        [incident] = rig.incident_records("drilled")
+        told = " ".join(incident["prevention"])
+        assert "injected by a drill" in told
+        assert "Find why the replay differs" in told
+        assert "Nothing to fix" not in told
+        assert "what its recovery found is the program's own" in told
+
+    play(tmp_path, scenario)

@@ -208,8 +208,9 @@ def prevention(attempt: Attempt, kind: IncidentKind, incident: Incident) -> list
         )
         lines.append(
             f"This failure was injected by a drill ([faults] {written}); drill "
-            "faults apply to the first attempt only. Nothing to fix in the program; "
-            "keep [faults] out of production job files."
+            "faults apply to the first attempt only. The failure is the drill's, not the "
+            "program's (what its recovery found is the program's own); keep [faults] out "
+            "of production job files."
         )
     elif kind is K.CRASH and (killed := killed_from_outside(attempt)) is not None:
         rss = attempt.sample.get("rss_mb", "an unknown number of")
