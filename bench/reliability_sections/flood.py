@@ -26,7 +26,7 @@ from jobwarden.control.client import DaemonBusy, DaemonUnreachable
 from jobwarden.protocol import ControlError
 
 from .common import Section, mb, ms, percentile
-from .wardend import running, wait_settled_or
+from .wardend import running, timed_status, wait_settled_or
 
 PROGRAM = """
 import sys, time
@@ -169,11 +169,7 @@ def slow_reader(fifo: Path, kbps: float | None) -> Iterator[Path | None]:
 
 def _timed(sock: Path, within: float) -> float | None:
     """Seconds one ``status`` takes, or None when it is not answered within ``within``."""
-    from jobwarden.control import client
-
-    began = time.perf_counter()
     try:
-        client.request(sock, "status", timeout=within)
+        return timed_status(sock, timeout=within)
     except (DaemonBusy, DaemonUnreachable, ControlError, TimeoutError, OSError):
         return None
-    return time.perf_counter() - began

@@ -74,9 +74,8 @@ class LocalAttempt(ProcessGroupAttempt):
             return None
 
     def sample(self) -> dict[str, Any]:
-        """rss, cpu%, status and threads of the worker, from psutil; descendants orphaned
-        meanwhile that have ended are reaped (`reaper.reap_orphans`)."""
-        reaper.reap_orphans()
+        """rss, cpu%, status and threads of the worker, from psutil (the daemon reaps ended
+        orphans at each sampling turn, `reaper.reap_orphans`, not each attempt)."""
         if self._ps is None:
             return {}
         try:

@@ -156,8 +156,7 @@ class CrashLoop:
     @property
     def died_at(self) -> str:
         """Where the first attempt died, in words."""
-        step = self.attempts[0]["died_at_update"] if self.attempts else None
-        return "before its first update" if step is None else f"at update {step}"
+        return where_died(self.attempts[0]["died_at_update"] if self.attempts else None)
 
     def verdict(self) -> str:
         """One line: how many attempts, where, and what kind of failure it is."""
@@ -189,10 +188,14 @@ class CrashLoop:
 
 def told(entry: dict[str, Any]) -> str:
     """One attempt of a streak without progress, in words."""
-    step, died = entry["restored_step"], entry["died_at_update"]
+    step, where = entry["restored_step"], where_died(entry["died_at_update"])
     restored = "nothing" if step is None else f"step {step}"
-    where = "before its first update" if died is None else f"at update {died}"
     return f"attempt {entry['attempt']} restored {restored}, died {where} ({entry['error']:.120})"
+
+
+def where_died(update: int | None) -> str:
+    """Where an attempt died: at its last update, or before any."""
+    return "before its first update" if update is None else f"at update {update}"
 
 
 def restart_count(record: JobRecord) -> str:
