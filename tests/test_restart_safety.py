@@ -9,11 +9,13 @@ exactly then); the other kills land while a recovery is still being proven.
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from jobwarden.checkpoint import format
@@ -75,12 +77,16 @@ def test_a_kill_between_launch_and_pid_save_waits_for_the_orphan_and_resumes_exa
     started: list[Daemon],
 ) -> None:
     """state.json says starting with no pid; the restarted daemon finds the worker still
-    holding the writer lock, waits for it, and completes the job: no duplicate_writer."""
+    holding the writer lock, waits for it (no attempt 2 while it lives), and once it is gone
+    completes the job: no duplicate_writer.
+
+    The orphan stalls for good after step 2's commit and the test kills it only once the
+    second daemon says it waits, so the wait is seen however slowly that daemon starts."""
     monkeypatch.setenv(ENV, Fault.PAUSE_AFTER_LAUNCH.value)
     first = Daemon(tmp_path / "root", compile_cache).start()
     started.append(first)
-    # The worker holds the writer lock from its start and stalls 6 s after step 2's commit.
-    first.drop("orphan.toml", linreg_job("orphan", faults={"stall_at": 2, "stall_seconds": 6}))
+    # The worker holds the writer lock from its start and stalls after step 2's commit.
+    first.drop("orphan.toml", linreg_job("orphan", faults={"stall_at": 2, "stall_seconds": 600}))
     log = first.root / "wardend.log"
     wait_until(log.read_text, lambda t: "testfault.paused" in t, timeout=30, what="the pause")
     saved = saved_state(first, "orphan")
@@ -95,6 +101,12 @@ def test_a_kill_between_launch_and_pid_save_waits_for_the_orphan_and_resumes_exa
     assert first.stop(signal.SIGKILL) == -signal.SIGKILL
     monkeypatch.delenv(ENV)
     with Daemon(tmp_path / "root", compile_cache) as second:
+        wait_until(
+            log.read_text, lambda t: '"orphan.waiting"' in t, timeout=60, what="the wait"
+        )
+        assert saved_state(second, "orphan")["attempt"] == 1
+        assert psutil.pid_exists(orphan)
+        os.kill(orphan, signal.SIGKILL)
         status = second.wait("orphan", timeout=120)
         incidents = second.incidents("orphan")
         waited = [
