@@ -101,9 +101,7 @@ def test_a_kill_between_launch_and_pid_save_waits_for_the_orphan_and_resumes_exa
     assert first.stop(signal.SIGKILL) == -signal.SIGKILL
     monkeypatch.delenv(ENV)
     with Daemon(tmp_path / "root", compile_cache) as second:
-        wait_until(
-            log.read_text, lambda t: '"orphan.waiting"' in t, timeout=60, what="the wait"
-        )
+        wait_until(log.read_text, lambda t: '"orphan.waiting"' in t, timeout=60, what="the wait")
         assert saved_state(second, "orphan")["attempt"] == 1
         assert psutil.pid_exists(orphan)
         os.kill(orphan, signal.SIGKILL)
