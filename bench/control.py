@@ -85,7 +85,7 @@ def echo_round_trips(samples: int) -> list[float]:
         began = time.perf_counter()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(str(path))
-            conn.sendall(b'{"v": 1, "id": 1, "cmd": "status"}\n')
+            conn.sendall(b'{"v": 2, "id": 1, "cmd": "status"}\n')
             conn.recv(65536)
         times.append(time.perf_counter() - began)
     server.close()
@@ -111,7 +111,7 @@ def timed(samples: int, call: Callable[[], object]) -> list[float]:
 
 def answer_bytes(sock: Path, args: dict[str, Any]) -> int:
     """The size of one status answer line, as sent."""
-    line = json.dumps({"v": 1, "id": 1, "cmd": "status", "args": args}).encode() + b"\n"
+    line = json.dumps({"v": 2, "id": 1, "cmd": "status", "args": args}).encode() + b"\n"
     data = b""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect(str(sock))

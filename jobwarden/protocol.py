@@ -1,8 +1,12 @@
 """The control protocol: newline-delimited JSON over a Unix socket.
 
-Request:  {"v": 1, "id": <any JSON scalar>, "cmd": "<command>", "args": {...}}
-Response: {"v": 1, "id": <same>, "ok": true, "result": ...}
-      or  {"v": 1, "id": <same>, "ok": false, "error": {"code": "...", "message": "..."}}
+Request:  {"v": 2, "id": <any JSON scalar>, "cmd": "<command>", "args": {...}}
+Response: {"v": 2, "id": <same>, "ok": true, "result": ...}
+      or  {"v": 2, "id": <same>, "ok": false, "error": {"code": "...", "message": "..."}}
+
+The answer carries the request's version, and has that version's shapes: a
+client written against version 1 keeps working (`SUPPORTED_VERSIONS`; how an
+older version's shapes are made is in jobwarden/daemon/api/versions.py).
 
 A request line is at most `MAX_REQUEST_BYTES`, nests at most
 `jobwarden.decoding.MAX_DEPTH` levels, and holds no NaN, Infinity or lone
@@ -19,7 +23,8 @@ from typing import Any
 from jobwarden.decoding import loads_json
 from jobwarden.errors import JobwardenError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # what this package's client sends, and the newest the daemon speaks
+SUPPORTED_VERSIONS = (1, 2)
 MAX_REQUEST_BYTES = 1024 * 1024  # a job file (at most 256 KiB) JSON-escaped, with room
 MAX_ID_CHARS = 256
 MAX_INT = 2**63 - 1  # integers in requests (ids, offsets) fit a signed 64-bit field
@@ -43,6 +48,7 @@ class Request:
     id: Any
     cmd: str
     args: dict[str, Any] = field(default_factory=dict)
+    version: int = PROTOCOL_VERSION
 
 
 @dataclass(frozen=True)
@@ -87,10 +93,11 @@ def parse_request(line: bytes) -> Request:
             f"{MAX_ID_CHARS} characters",
         )
     version = data.get("v")
-    if not is_int(version) or version != PROTOCOL_VERSION:
+    if not is_int(version) or version not in SUPPORTED_VERSIONS:
+        spoken = ", ".join(map(str, SUPPORTED_VERSIONS))
         raise ControlError(
             "control.version",
-            f"protocol version {version!r:.40} is not {PROTOCOL_VERSION}",
+            f"protocol version {version!r:.40} is not supported: this daemon speaks {spoken}",
             request_id=request_id,
         )
     cmd, args = data.get("cmd"), data.get("args", {})
@@ -98,26 +105,28 @@ def parse_request(line: bytes) -> Request:
         raise ControlError(
             "control.bad_request", "cmd must be a string and args an object", request_id=request_id
         )
-    return Request(request_id, cmd, args)
+    return Request(request_id, cmd, args, version)
 
 
 def _line(message: dict[str, Any]) -> bytes:
     return json.dumps(message, allow_nan=False, default=str).encode() + b"\n"
 
 
-def encode_ok(request_id: Any, result: Any) -> bytes:
+def encode_ok(request_id: Any, result: Any, version: int = PROTOCOL_VERSION) -> bytes:
     """A success response line; raises ValueError for a result that is not strict JSON."""
-    head = {"v": PROTOCOL_VERSION, "id": request_id, "ok": True}
+    head = {"v": version, "id": request_id, "ok": True}
     if isinstance(result, Encoded):
         return b"".join((_line(head)[:-2], b', "result": ', result.data, b"}\n"))
     return _line({**head, "result": result})
 
 
-def encode_error(request_id: Any, code: str, message: str) -> bytes:
+def encode_error(
+    request_id: Any, code: str, message: str, version: int = PROTOCOL_VERSION
+) -> bytes:
     """An error response line."""
     return _line(
         {
-            "v": PROTOCOL_VERSION,
+            "v": version,
             "id": request_id,
             "ok": False,
             "error": {"code": code, "message": message},

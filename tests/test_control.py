@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobwarden.control import client
-from jobwarden.protocol import MAX_REQUEST_BYTES
+from jobwarden.protocol import MAX_REQUEST_BYTES, PROTOCOL_VERSION
 from tests.daemon import WARDENCTL, Daemon, ctl, linreg_job
 from tests.helpers import wait_until
 
@@ -205,12 +205,27 @@ def test_malformed_oversized_and_half_sent_requests(live: Daemon) -> None:
         slow.connect(str(sock))
         slow.sendall(b'{"v": 1, "id": 1, "cmd": "sta')
         began = time.monotonic()
-        assert live.ask("version")["protocol"] == 1
+        assert live.ask("version")["protocol"] == PROTOCOL_VERSION
         assert time.monotonic() - began < 0.5
         slow.settimeout(5)
         reply = slow.recv(65536)
     assert json.loads(reply)["error"]["code"] == "control.timeout"
     assert live.ask("status")["jobs"]
+
+
+@pytest.mark.slow
+def test_each_supported_protocol_version_gets_its_own_shapes(live: Daemon) -> None:
+    """A version-1 client gets status rows, version 2 the columns; 3 is refused with 1, 2."""
+    sock = live.root / "control.sock"
+    old = json.loads(raw_exchange(sock, b'{"v": 1, "id": 1, "cmd": "status"}\n'))
+    new = json.loads(raw_exchange(sock, b'{"v": 2, "id": 2, "cmd": "status"}\n'))
+    assert (old["v"], new["v"]) == (1, 2)
+    assert "columns" not in old["result"]
+    assert [job["id"] for job in old["result"]["jobs"]] == new["result"]["columns"]["id"]
+    assert all("reason" in job for job in old["result"]["jobs"])
+    future = json.loads(raw_exchange(sock, b'{"v": 3, "id": 3, "cmd": "status"}\n'))
+    assert (future["id"], future["error"]["code"]) == (3, "control.version")
+    assert "speaks 1, 2" in future["error"]["message"]
 
 
 @pytest.mark.slow
@@ -282,7 +297,7 @@ def test_socket_is_private_and_other_users_are_refused(tmp_path: Path) -> None:
             sock.chmod(0o666)
             reply = json.loads(probe_as_nobody(sock))
             assert reply["error"]["code"] == "control.forbidden"
-            assert client.request(sock, "version")["protocol"] == 1
+            assert client.request(sock, "version")["protocol"] == PROTOCOL_VERSION
         log = [
             json.loads(line)
             for line in (tmp_path / "root" / "wardend.log").read_text().splitlines()

@@ -31,7 +31,7 @@ from jobwarden.daemon.api.status import TABLE_FIELDS
 from jobwarden.daemon.store.jobs import new_record, state_text
 from jobwarden.daemon.store.layout import Root
 from jobwarden.jobfile import job_from_mapping
-from jobwarden.protocol import ControlError, Encoded, encode_ok, parse_request
+from jobwarden.protocol import PROTOCOL_VERSION, ControlError, Encoded, encode_ok, parse_request
 from jobwarden.states import JobState
 from tests.daemon import Daemon
 from tests.helpers import wait_until
@@ -77,7 +77,7 @@ class TestProtocol:
     def test_a_version_refusal_echoes_the_request_id(self) -> None:
         """The id of a request of another version is still sent back."""
         with pytest.raises(ControlError) as refused:
-            parse_request(b'{"v": 2, "id": "mine", "cmd": "status"}\n')
+            parse_request(b'{"v": 3, "id": "mine", "cmd": "status"}\n')
         assert refused.value.evidence["request_id"] == "mine"
 
     def test_answers_are_strict_json(self) -> None:
@@ -85,7 +85,7 @@ class TestProtocol:
         with pytest.raises(ValueError, match="Out of range float"):
             encode_ok(1, {"x": float("nan")})
         line = encode_ok(7, Encoded(b'{"jobs": []}'))
-        assert strict(line) == {"v": 1, "id": 7, "ok": True, "result": {"jobs": []}}
+        assert strict(line) == {"v": PROTOCOL_VERSION, "id": 7, "ok": True, "result": {"jobs": []}}
 
 
 def test_a_failing_handler_is_an_internal_error_answer(tmp_path: Path) -> None:
@@ -162,7 +162,7 @@ def exchange(path: Path, payload: bytes, timeout: float = 5) -> bytes:
 def request_line(cmd: str, args: dict[str, Any] | str) -> bytes:
     """A request line; ``args`` given as text is sent as it is (escapes and all)."""
     text = args if isinstance(args, str) else json.dumps(args)
-    return b'{"v": 1, "id": 5, "cmd": "' + cmd.encode() + b'", "args": ' + text.encode() + b"}\n"
+    return b'{"v": 2, "id": 5, "cmd": "' + cmd.encode() + b'", "args": ' + text.encode() + b"}\n"
 
 
 class TestEveryRequestIsAnswered:

@@ -28,8 +28,8 @@ from .common import Section, ms, percentile
 from .socket_abuse import settled_root
 from .wardend import running, timed_status
 
-VERSION_LINE = b'{"v": 1, "id": 1, "cmd": "version", "args": {}}\n'
-STATUS_LINE = b'{"v": 1, "id": 1, "cmd": "status", "args": {}}\n'
+VERSION_LINE = b'{"v": 2, "id": 1, "cmd": "version", "args": {}}\n'
+STATUS_LINE = b'{"v": 2, "id": 1, "cmd": "status", "args": {}}\n'
 NOBODY = 65534
 """The uid and gid the attacker takes (``nobody`` and ``nogroup`` on Debian and Ubuntu)."""
 OUTCOMES = ("ok", "busy", "other error", "closed without answer", "no answer in time")

@@ -129,7 +129,7 @@ def fuzz_strategies() -> dict[str, Any]:
         ),
         depth.map(
             lambda n: (
-                b'{"v": 1, "id": 1, "cmd": "status", "args": {"job": '
+                b'{"v": 2, "id": 1, "cmd": "status", "args": {"job": '
                 + b"[" * n * 20
                 + b"]" * n * 20
                 + b"}}\n"

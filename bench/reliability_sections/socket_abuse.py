@@ -22,7 +22,7 @@ from .wardend import running, status_latencies, timed_status
 ABUSE_KINDS = ("idle", "non_reader", "slowloris", "oversized", "nested", "bad_utf8")
 
 
-STATUS_LINE = b'{"v": 1, "id": 1, "cmd": "status", "args": {}}\n'
+STATUS_LINE = b'{"v": 2, "id": 1, "cmd": "status", "args": {}}\n'
 
 
 NESTED_LINE = b'{"v": 1, "id": 2, "cmd": "status", "args": {"x": ' + b"[" * 200_000
@@ -144,7 +144,7 @@ class Attack:
                 await asyncio.sleep(0.1)
             return "never read"
         if kind == "slowloris":
-            payload, pace = b'{"v": 1, "id": 3, "cmd": "status", "args": {}' * 50, 0.25
+            payload, pace = b'{"v": 2, "id": 3, "cmd": "status", "args": {}' * 50, 0.25
         elif kind == "oversized":
             payload, pace = b"a" * (2 << 20), 0.0
         else:

@@ -27,7 +27,7 @@ from jobwarden.daemon.store.evidence import describe
 from jobwarden.daemon.supervise.attempt import output_entry, stdout_name
 from jobwarden.decoding import loads_json
 from jobwarden.jobfile import NAME_PATTERN
-from jobwarden.protocol import PROTOCOL_VERSION, ControlError
+from jobwarden.protocol import PROTOCOL_VERSION, SUPPORTED_VERSIONS, ControlError
 from jobwarden.states import RESUMABLE
 
 if TYPE_CHECKING:
@@ -207,11 +207,13 @@ async def submit(daemon: View, args: dict[str, Any]) -> Any:
 
 
 def version(daemon: View) -> Any:
-    """version: the daemon's version, pid, protocol and where its spool is."""
+    """version: the daemon's version, pid, protocols (newest, and every one it speaks) and
+    where its spool is."""
     return {
         "wardend": __version__,
         "pid": os.getpid(),
         "protocol": PROTOCOL_VERSION,
+        "protocols": list(SUPPORTED_VERSIONS),
         "root": str(daemon.root.path),
         "spool": {
             "tmp": str(daemon.root.spool_tmp),

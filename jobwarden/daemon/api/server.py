@@ -50,8 +50,10 @@ import structlog
 
 from jobwarden.daemon.api.admission import WAIT_S, Admission, Phase, Slot, Waiter, has_request
 from jobwarden.daemon.api.listener import Listener
+from jobwarden.daemon.api.versions import downgrade, upgrade
 from jobwarden.protocol import (
     MAX_REQUEST_BYTES,
+    PROTOCOL_VERSION,
     ControlError,
     encode_error,
     encode_ok,
@@ -355,10 +357,10 @@ class ControlServer:
             writer.transport.abort()
 
     async def _dispatch(self, line: bytes) -> bytes:
-        request_id = None
+        request_id, version = None, PROTOCOL_VERSION
         try:
-            request = parse_request(line)
-            request_id = request.id
+            request = upgrade(parse_request(line))
+            request_id, version = request.id, request.version
             handler = self.handlers.get(request.cmd)
             if handler is None:
                 known = ", ".join(sorted(self.handlers))
@@ -369,17 +371,17 @@ class ControlServer:
             result = handler(request.args)
             if inspect.isawaitable(result):
                 result = await asyncio.wait_for(result, HANDLER_TIMEOUT_S)
-            return encode_ok(request_id, result)
+            return encode_ok(request_id, downgrade(request, result), version)
         except TimeoutError:
-            return encode_error(request_id, "control.timeout", "the daemon took too long")
+            return encode_error(request_id, "control.timeout", "the daemon took too long", version)
         except ControlError as error:
-            return encode_error(
-                error.evidence.get("request_id", request_id), error.code, error.message
-            )
+            request_id = error.evidence.get("request_id", request_id)
+            return encode_error(request_id, error.code, error.message, version)
         except Exception as error:  # any failure is an answer, never a hang-up
             log.error("control.failed", request=line[:200], error=repr(error), exc_info=error)
             return encode_error(
                 request_id,
                 "control.internal",
                 f"the daemon could not answer: {type(error).__name__}: {error!s:.200}",
+                version,
             )
