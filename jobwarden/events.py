@@ -43,7 +43,7 @@ REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     },
     "progress": {
         "step": (int,),
-        "loss": (float, int, str),
+        "loss": (float, int, str, type(None)),  # null: none reported; a string: "nan", "inf"
         "examples": (int,),
         "update_s": (float, int),
         "state_hash": (str, type(None)),

@@ -5,8 +5,10 @@ from __future__ import annotations
 import io
 import json
 
+import numpy as np
 import pytest
 
+import jobwarden.sdk as jw
 from jobwarden.events import Emitter, Event, Malformed, SupervisorGone, parse_line, step_ranges
 
 
@@ -46,6 +48,26 @@ def test_non_finite_values_are_written_as_text() -> None:
         "progress", step=1, loss=float("nan"), examples=8, update_s=0.0, state_hash=None
     )
     assert json.loads(stream.getvalue())["loss"] == "nan"
+
+
+def test_a_progress_without_a_loss_says_null() -> None:
+    """An SDK run whose program reports no loss writes "loss": null, not the string "nan"."""
+    events = io.StringIO()
+    with jw.attach(
+        config={},
+        data_hash="none",
+        name="quiet",
+        steps=2,
+        checkpoints="external",
+        events=events,
+        argv=[],
+        environ={},
+    ) as run:
+        state = {"params": np.zeros(2, np.float32)}
+        for step in run.steps(state):
+            run.progress(step, state, loss=float("inf") if step == 2 else None)
+    lines = [json.loads(line) for line in events.getvalue().splitlines()]
+    assert [e["loss"] for e in lines if e["event"] == "progress"] == [None, "inf"]
 
 
 def test_a_broken_stream_raises_supervisor_gone() -> None:

@@ -207,7 +207,7 @@ class Run(Session):
         emit(
             "progress",
             step=step,
-            loss=float("nan") if loss is None else float(loss),
+            loss=None if loss is None else float(loss),
             examples=examples,
             update_s=elapsed,
             **fields,
