@@ -110,8 +110,15 @@ class TestChannel:
 
 
 def test_the_environment_names_the_event() -> None:
-    """Only the fields an event has become JOBWARDEN_EVENT* variables."""
-    event = {"event": "job.state", "time": "t", "job": "a", "from": None, "to": "queued"}
+    """Only the fields an event has become JOBWARDEN_EVENT* variables; the time as ISO 8601."""
+    event = {
+        "event": "job.state",
+        "time": 1.0,
+        "time_iso": "t",
+        "job": "a",
+        "from": None,
+        "to": "queued",
+    }
     assert environment_of(event) == {
         "JOBWARDEN_EVENT": "job.state",
         "JOBWARDEN_EVENT_TIME": "t",
@@ -169,9 +176,11 @@ def test_exec_hook_hears_every_transition_and_the_incident(
         ("incident.opened", "crash", "open"),
         ("incident.concluded", "crash", "verified"),
     ]
-    assert incidents[0]["summary"]
+    assert incidents[0]["symptom"]
     assert incidents[1]["incident"] == "crash-1"
-    assert datetime.datetime.fromisoformat(events[0]["time"]).utcoffset() is not None
+    moment = datetime.datetime.fromisoformat(events[0]["time_iso"])
+    assert moment.utcoffset() is not None
+    assert abs(moment.timestamp() - events[0]["time"]) < 0.001
     last = got[-1]
     assert last["env"]["JOBWARDEN_EVENT"] == "job.state"
     assert last["env"]["JOBWARDEN_EVENT_JOB"] == "crash"
@@ -249,7 +258,9 @@ def test_webhook_receives_each_state_change_as_json(
         "running",
         "completed",
     ]
-    assert {"event", "schema", "time", "job", "from", "to", "reason", "attempt"} == set(first)
+    assert {"event", "schema", "time", "time_iso", "job", "from", "to", "reason", "attempt"} == set(
+        first
+    )
 
 
 def closed_port() -> int:

@@ -16,6 +16,7 @@ import pytest
 
 from jobwarden.control import client
 from jobwarden.daemon.observe.notify import Notifier, child_environment
+from jobwarden.protocol import PROTOCOL_VERSION
 from jobwarden.testfaults import Fault, environment
 
 
@@ -59,7 +60,10 @@ def test_ready_comes_after_the_socket_accepts_and_stopping_on_sigterm(
     daemon = start(tmp_path, {"NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
     try:
         ready = messages(manager, "READY=1")[-1][1]
-        assert client.request(tmp_path / "root" / "control.sock", "version")["protocol"] == 1
+        assert (
+            client.request(tmp_path / "root" / "control.sock", "version")["protocol"]
+            == PROTOCOL_VERSION
+        )
         assert "STATUS=no jobs" in ready
         assert f"MAINPID={daemon.pid}" in ready
         daemon.send_signal(signal.SIGTERM)

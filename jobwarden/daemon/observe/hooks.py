@@ -6,7 +6,7 @@ eventlistener events but as JSON objects (docs/daemon.md, "Notifications"):
 - ``job.state``: a job moved ``from`` one state ``to`` another (``from`` is
   null when an accepted job enters ``queued``);
 - ``incident.opened`` and ``incident.concluded``: an incident's ``kind``,
-  ``summary`` (its symptom), ``status`` and, once concluded, ``outcome``.
+  ``symptom``, ``status`` and, once concluded, ``outcome``.
 
 The loop only enqueues (`Notifications.job_state`, `Notifications.incident`):
 each sink has a bounded queue that drops its oldest event when full, counted
@@ -45,8 +45,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("wardend.notify")
 
-SCHEMA = 1
-"""The version of the event objects."""
+SCHEMA = 2
+"""The version of the event objects (2: ``time`` is epoch seconds beside ``time_iso``, and
+an incident's text is ``symptom``, the names the rest of jobwarden uses)."""
 QUEUE_SIZE = 1000
 """Events each sink holds while its deliveries lag; beyond it the oldest is dropped."""
 MAX_TRIES = 10
@@ -56,7 +57,7 @@ MAX_BACKOFF_S = 60.0
 DRAIN_S = 5.0
 """How long a stopping daemon waits for each sink's queued events."""
 SUMMARY_CHARS = 500
-"""An incident's summary is its symptom, cut to this length."""
+"""An incident's symptom and outcome are cut to this length."""
 
 
 class NotifySettingError(JobwardenError):
@@ -69,9 +70,12 @@ class NotifySettingError(JobwardenError):
         super().__init__(f"{option} {value!r}: {problem}", option=option, value=value)
 
 
-def now_iso() -> str:
-    """The wall time as ISO 8601 with its zone (UTC), to the millisecond."""
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+def stamped() -> dict[str, Any]:
+    """The wall time as epoch seconds, ``time``, and as ISO 8601 in UTC to the millisecond,
+    ``time_iso``: the pair every jobwarden output carries."""
+    now = time.time()
+    moment = datetime.datetime.fromtimestamp(now, datetime.UTC)
+    return {"time": now, "time_iso": moment.isoformat(timespec="milliseconds")}
 
 
 def job_state_event(record: JobRecord, source: JobState | None, reason: str) -> dict[str, Any]:
@@ -79,7 +83,7 @@ def job_state_event(record: JobRecord, source: JobState | None, reason: str) -> 
     return {
         "event": "job.state",
         "schema": SCHEMA,
-        "time": now_iso(),
+        **stamped(),
         "job": record.id,
         "from": source.value if source is not None else None,
         "to": record.state.value,
@@ -93,11 +97,11 @@ def incident_event(incident: Incident, name: str) -> dict[str, Any]:
     event: dict[str, Any] = {
         "event": name,
         "schema": SCHEMA,
-        "time": now_iso(),
+        **stamped(),
         "job": incident.job,
         "incident": incident.id,
         "kind": str(incident.kind),
-        "summary": incident.symptom[:SUMMARY_CHARS],
+        "symptom": incident.symptom[:SUMMARY_CHARS],
         "status": incident.status,
         "attempt": incident.attempt,
     }

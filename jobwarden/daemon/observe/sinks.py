@@ -57,9 +57,9 @@ class Sink(Protocol):
 
 def environment_of(event: Mapping[str, Any]) -> dict[str, str]:
     """The ``JOBWARDEN_EVENT*`` variables an exec hook gets beside the JSON on stdin."""
-    names = {"event": "JOBWARDEN_EVENT", "time": "JOBWARDEN_EVENT_TIME"}
+    names = {"event": "JOBWARDEN_EVENT", "time_iso": "JOBWARDEN_EVENT_TIME"}
     env = {}
-    for key in ("event", "time", "job", "from", "to", "incident", "kind", "status"):
+    for key in ("event", "time_iso", "job", "from", "to", "incident", "kind", "status"):
         value = event.get(key)
         if value is not None:
             env[names.get(key, f"JOBWARDEN_EVENT_{key.upper()}")] = str(value)
