@@ -16,12 +16,21 @@ import pytest
 
 import jobwarden.sdk as jw
 from jobwarden.control.drill.divergence import first_difference
+from jobwarden.jobfile import FaultSection
 from jobwarden.proof import verify
-from jobwarden.sdk.settings import RUN_FILE_ENV
+from jobwarden.sdk.settings import RUN_FILE_ENV, RunFile
 from tests.daemon import Daemon
 from tests.helpers import AttemptResult, kinds
 
 HERE = Path(__file__).resolve().parent
+DOCS = HERE.parent / "docs" / "sdk.md"
+
+
+def nnx_recipe() -> str:
+    """The program of docs/sdk.md's NNX recipe: the block after its marker."""
+    text = DOCS.read_text()
+    block = text[text.index("<!-- nnx-recipe -->") :]
+    return block[block.index("```python\n") + 10 : block.index("\n```\n")] + "\n"
 
 
 class Runner:
@@ -32,13 +41,16 @@ class Runner:
         self.program = Path(shutil.copy(source, base / "train.py"))
         self.base, self.cache, self.count = base, cache, 0
 
-    def __call__(self, *args: str) -> AttemptResult:
-        """Run the program to its end."""
+    def __call__(self, *args: str, run_file: RunFile | None = None) -> AttemptResult:
+        """Run the program to its end (under ``run_file``, if given)."""
         self.count += 1
         folder = self.base / f"attempt-{self.count}"
         folder.mkdir()
         env = dict(os.environ, JOBWARDEN_COMPILE_CACHE=str(self.cache))
         env.pop(RUN_FILE_ENV, None)
+        if run_file is not None:
+            (folder / "run.json").write_text(run_file.model_dump_json(exclude_unset=True))
+            env[RUN_FILE_ENV] = str(folder / "run.json")
         done = subprocess.run(
             [sys.executable, str(self.program), *args],
             capture_output=True,
@@ -277,3 +289,24 @@ class TestExternalSaves:
         err = capfd.readouterr().err
         assert "1 unfinished save(s)" in err
         assert "1.orbax-checkpoint-tmp-17" in err
+
+
+@pytest.mark.slow
+def test_the_nnx_recipe_in_the_docs_resumes_exactly(compile_cache: Path, tmp_path: Path) -> None:
+    """docs/sdk.md's NNX program as written: failed after update 7 and run again, the model,
+    the optimizer and the Rngs stream are put back with nnx.update, proven update by update."""
+    pytest.importorskip("flax")
+    (tmp_path / "recipe.py").write_text(nnx_recipe())
+    recipe = Runner(tmp_path / "recipe.py", tmp_path / "user", compile_cache)
+    reference = recipe("--checkpoint-dir", str(tmp_path / "ref"))
+    assert reference.exit_status == 0, stderr_of(reference)
+    ck = str(tmp_path / "ck")
+    failed = recipe(run_file=RunFile(checkpoint_dir=ck, faults=FaultSection(fail_after=7)))
+    assert failed.exit_status == 10, stderr_of(failed)
+    resumed = recipe("--checkpoint-dir", ck)
+    assert resumed.exit_status == 0, stderr_of(resumed)
+    restored = kinds(resumed, "restored")[0]
+    assert restored["step"] > 0
+    assert {"model", "optimizer", "rngs", "data"} <= set(restored["components"])
+    report = proven(reference, failed, resumed)
+    assert report.proven, verify.render(report)
