@@ -5,7 +5,10 @@ it as a real process, standalone (``--checkpoint-dir``) or under a run file.
 Momentum SGD on y = 3x - 0.5 with a noisy loss drawn from a typed PRNG key; the
 data pipeline reshuffles every epoch (``fold_in(data_key, epoch)``) and its
 position (epoch, index) is part of the state.  ``--own-checkpoints DIR`` keeps
-checkpoints with numpy instead (bring your own checkpointer).
+checkpoints with numpy instead (bring your own checkpointer), ``--label-as-orbax``
+labelling each the way Orbax's resume recipe does (one less than the updates it
+holds).  ``--numpy-noise`` jitters the weights with draws from a numpy
+``Generator`` kept as the author wrote it, its state carried by `jw.rng_state`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ parser.add_argument("--fail-after", type=int)
 parser.add_argument("--step-delay", type=float, default=0.0)
 parser.add_argument("--own-checkpoints", type=Path)
 parser.add_argument("--forget-data-position", action="store_true")
+parser.add_argument("--numpy-noise", action="store_true", help="jitter from a numpy Generator")
+parser.add_argument("--label-as-orbax", action="store_true", help="own saves labelled step - 1")
 args, _ = parser.parse_known_args()
 
 EXAMPLES, BATCH, EVERY = 24, 4, 4
@@ -85,6 +90,7 @@ with jw.attach(
     x, y = jnp.asarray(xs), jnp.asarray(ys)
     rate, beta = config["optim"]["learning_rate"], config["optim"]["beta"]
     data_key = jax.random.key(config["seed"] + 1)
+    rng = np.random.default_rng(11)  # the author's own generator, kept as written
 
     @jax.jit
     def update(params: Any, velocity: Any, key: Any, batch: Any) -> Any:
@@ -111,12 +117,12 @@ with jw.attach(
         if index == EXAMPLES // BATCH:
             epoch, index = epoch + 1, 0
         position = {"epoch": epoch, "index": index}
-        return {
-            "params": params,
-            "opt_state": {"velocity": velocity},
-            "key": key,
-            "data": position,
-        }, loss
+        opt_state = {"velocity": velocity}
+        after = {"params": params, "opt_state": opt_state, "key": key, "data": position}
+        if args.numpy_noise:
+            params = {name: value + 1e-3 * rng.standard_normal() for name, value in params.items()}
+            after = {**after, "params": params, "np_rng": jw.rng_state(rng)}
+        return after, loss
 
     zeros = {"w": jnp.zeros(()), "b": jnp.zeros(())}
     init = {
@@ -125,12 +131,16 @@ with jw.attach(
         "key": jax.random.key(5),
         "data": {"epoch": 0, "index": 0},
     }
+    if args.numpy_noise:
+        init["np_rng"] = jw.rng_state(rng)
     if args.own_checkpoints:
         state, start = own_restore(args.own_checkpoints, init)
         if start:
             run.restored(start, state, source=str(args.own_checkpoints))
     else:
         state = run.restore(init)
+    if args.numpy_noise:
+        jw.set_rng_state(rng, state["np_rng"])
     if args.forget_data_position:
         state = {**state, "data": {"epoch": 0, "index": 0}}
     print(f"starting after step {run.start_step}")  # the SDK sends this to stderr
@@ -138,4 +148,4 @@ with jw.attach(
         state, loss = train_step(state, next_batch(state))
         run.progress(step, state, loss=loss)
         if args.own_checkpoints and step % EVERY == 0:
-            own_save(args.own_checkpoints, step, state)
+            own_save(args.own_checkpoints, step - args.label_as_orbax, state)

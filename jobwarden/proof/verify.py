@@ -24,6 +24,7 @@ import numpy as np
 from jobwarden.checkpoint import format
 from jobwarden.checkpoint.errors import CheckpointError
 from jobwarden.events import Event, read_events
+from jobwarden.proof.labels import label_offset, offset_text
 
 
 class VerifyInputError(Exception):
@@ -245,10 +246,12 @@ def verify(reference: Run, candidate: Run) -> Report:
             else:
                 same = theirs["state_hash"] == ready["state_hash"]
                 differ = differing_components(theirs, ready)
+                offset = None if same else label_offset(ref_states, start, ready)
                 if not same and boundary is None:
                     boundary = {
                         **_divergence_at(reference, candidate, start, differ),
                         "attempt": number,
+                        "label_off_by": offset,
                     }
                 checks.append(
                     Check(
@@ -259,8 +262,9 @@ def verify(reference: Run, candidate: Run) -> Report:
                             "equals the reference's"
                             if same
                             else "differs from the reference's in " + ", ".join(differ)
-                        ),
-                        {"step": start, "components_differing": differ},
+                        )
+                        + ("" if offset is None else "; " + offset_text(start, offset)),
+                        {"step": start, "components_differing": differ, "label_off_by": offset},
                     )
                 )
         if not progress:

@@ -22,12 +22,28 @@ from pathlib import Path
 from typing import IO, Any
 
 from jobwarden.jobfile import FaultSection
+from jobwarden.sdk.generators import rng_state, set_rng_state
+from jobwarden.sdk.position import Epochs, Position
 from jobwarden.sdk.provenance import DataHash
 from jobwarden.sdk.run import Run
+from jobwarden.sdk.script import ScriptRun
 from jobwarden.sdk.session import RunEnded, UsageError
 from jobwarden.sdk.settings import RUN_FILE_ENV, Checkpoints, Request, RunFile
 
-__all__ = ["RUN_FILE_ENV", "Run", "RunEnded", "RunFile", "UsageError", "attach"]
+__all__ = [
+    "RUN_FILE_ENV",
+    "Epochs",
+    "Position",
+    "Run",
+    "RunEnded",
+    "RunFile",
+    "ScriptRun",
+    "UsageError",
+    "attach",
+    "rng_state",
+    "set_rng_state",
+    "start",
+]
 
 
 def attach(
@@ -57,7 +73,7 @@ def attach(
     environ: Mapping[str, str] | None = None,
     redirect_prints: bool = True,
 ) -> Run:
-    """A run of this program under jobwarden; enter it with ``with``.
+    """A run of this program under jobwarden; enter it with ``with`` (or see `start`).
 
     Provenance: ``config`` (the training fields, hashed and compared on resume,
     each differing one named), ``sources`` (the files that define the update),
@@ -109,3 +125,15 @@ def attach(
         redirect_prints=redirect_prints,
     )
     return Run(request)
+
+
+def start(**options: Any) -> ScriptRun:
+    """`attach` without the ``with`` block: the run is entered now and left at exit.
+
+    ``run = jw.start(...)`` takes `attach`'s arguments.  An SDK error ends the
+    process where it is raised, with its status; an exception escaping the
+    script is reported as ``failed`` and exits 70; ``run.close()`` (or the
+    interpreter's exit) leaves the run, exiting 75 after a preemption.  See
+    `jobwarden.sdk.script` and docs/sdk.md for the limits.
+    """
+    return ScriptRun(attach(**options).request).open()

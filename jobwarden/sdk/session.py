@@ -32,6 +32,7 @@ from jobwarden.jobfile import FaultSection
 from jobwarden.runtime import enable_compilation_cache, pin_before_start, runtime_identity
 from jobwarden.sdk.commits import Committer
 from jobwarden.sdk.distributed import Membership
+from jobwarden.sdk.external import PendingSaves, unfinished_warning
 from jobwarden.sdk.faults import FaultPlan
 from jobwarden.sdk.leaves import Flattener
 from jobwarden.sdk.provenance import (
@@ -107,6 +108,7 @@ class Session:
         self._lock: WriterLock | None = None
         self._store: CheckpointStore | None = None
         self._committer: Committer | None = None
+        self._saves = PendingSaves()
         self._expected: Expected | None = None
         self._key_impl = request.key_impl or ""
         self._quarantined: list[dict[str, str]] = []
@@ -147,11 +149,24 @@ class Session:
         if status:
             raise RunEnded(status) from None
 
+    def checkpointer(self, checkpointer: Any) -> Any:
+        """Have the run wait for the program's own checkpointer whenever it stops; returns it.
+
+        ``checkpointer``: an object with ``wait_until_finished()`` (Orbax's
+        `CheckpointManager`) or a function that waits.  Before ``completed``,
+        ``preempted`` or ``failed`` and before the run is left, its save in
+        flight finishes, so a drill's ``fail_after`` never abandons one.
+        """
+        self._saves.add(checkpointer)
+        return checkpointer
+
     def _settle(self) -> None:
-        """Wait for the commit in flight (raising its error): the run is about to stop."""
+        """Wait for the commit in flight (raising its error), and for the program's own
+        checkpointers' saves: the run is about to stop."""
         if self._committer is not None:
             self._committer.settle()
             self._committed = max(self._committed, self._committer.committed)
+        self._saves.wait()
 
     def _settle_on_exit(self, error: BaseException | None) -> BaseException | None:
         """Leaving the run: the commit in flight finishes first; the error to report."""
@@ -159,6 +174,11 @@ class Session:
             self._settle()
         except Exception as failed:  # noqa: BLE001 - reported below; the first error wins
             return error if error is not None else failed
+        finally:
+            external = self._store is None
+            warning = unfinished_warning(self.settings.checkpoint_dir) if external else ""
+            if warning:
+                self.stderr(warning)
         return error
 
     def _report(self, error: BaseException) -> int | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobwarden.hashing import component_of
+from jobwarden.proof.labels import offset_text
 from jobwarden.proof.verify import Report
 
 # Of several differing components the one named first: those the docs speak of, in that
@@ -55,13 +56,16 @@ def first_difference(report: Report | None) -> dict[str, Any]:
         "attempt": point.get("attempt"),
     }
     same_file = point["step"] in (point.get("identical_files_at") or [])
+    offset = point.get("label_off_by") if at_restore else None
     fields["explanation"] = _explain(
-        fields, after_restore=bool(found.get("after_restore")), same_file=same_file
+        fields, after_restore=bool(found.get("after_restore")), same_file=same_file, offset=offset
     )
     return fields
 
 
-def _explain(fields: dict[str, Any], *, after_restore: bool, same_file: bool) -> str:
+def _explain(
+    fields: dict[str, Any], *, after_restore: bool, same_file: bool, offset: int | None = None
+) -> str:
     step, differing = fields["first_diverging_step"], ", ".join(fields["components"])
     if fields["diverged_in"] == "restored state" and same_file:
         return (
@@ -70,6 +74,8 @@ def _explain(fields: dict[str, Any], *, after_restore: bool, same_file: bool) ->
             "it after restoring it (a data position reset, an optimizer state or key made "
             "afresh)"
         )
+    if fields["diverged_in"] == "restored state" and offset:
+        return offset_text(step, offset)
     if fields["diverged_in"] == "restored state":
         return (
             f"the state restored at step {step} differs from the reference's in {differing}: "
