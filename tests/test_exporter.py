@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobwarden.daemon.observe.exporter import MetricsListenError, parse_address
+from jobwarden.daemon.stats import SinceStart
 from tests.daemon import Daemon, linreg_job
 from tests.helpers import wait_until
 
@@ -44,6 +45,47 @@ class TestParseAddress:
         """A missing, non-numeric or out-of-range port is a MetricsListenError naming the value."""
         with pytest.raises(MetricsListenError, match="expected HOST:PORT"):
             parse_address(text)
+
+
+class TestSinceStart:
+    """Whole-life totals turned into counters from the daemon's start."""
+
+    def test_a_job_found_at_the_start_counts_only_its_growth(self) -> None:
+        """Its totals at the first reading are the baseline; what they add later is counted."""
+        since = SinceStart()
+        since.begin("records", ["old"])
+        assert since.read("records", "old", {("restarts",): 3}) == {("restarts",): 0.0}
+        assert since.read("records", "old", {("restarts",): 5}) == {("restarts",): 2.0}
+
+    def test_a_job_submitted_since_counts_from_zero(self) -> None:
+        """A job not found at the start has all of its totals counted."""
+        since = SinceStart()
+        since.begin("records", ["old"])
+        assert since.read("records", "new", {("restarts",): 2}) == {("restarts",): 2.0}
+
+    def test_a_falling_total_never_makes_the_counter_fall(self) -> None:
+        """A resume starts a job's restarts at 0 again: the counter keeps its count, then grows."""
+        since = SinceStart()
+        since.read("records", "job", {("restarts",): 3})
+        assert since.read("records", "job", {("restarts",): 0}) == {("restarts",): 3.0}
+        assert since.read("records", "job", {("restarts",): 1}) == {("restarts",): 4.0}
+
+    def test_a_removed_job_stays_in_the_sums_and_its_name_counts_anew(self) -> None:
+        """Removing a job keeps its counts in `summed`; a new job of that name starts at 0."""
+        since = SinceStart()
+        since.read("records", "job", {("restarts",): 3})
+        since.keep(set())
+        assert since.summed("records") == {("restarts",): 3.0}
+        since.read("records", "job", {("restarts",): 1})
+        assert since.summed("records") == {("restarts",): 4.0}
+
+    def test_a_series_first_seen_after_the_baseline_counts_whole(self) -> None:
+        """A job found at the start that then meets a new cause counts all of that cause."""
+        since = SinceStart()
+        since.begin("goodput", ["job"])
+        since.read("goodput", "job", {("badput", "replay"): 4})
+        counted = since.read("goodput", "job", {("badput", "replay"): 4, ("badput", "stall"): 2})
+        assert counted == {("badput", "replay"): 0.0, ("badput", "stall"): 2.0}
 
 
 def listening(root: Path) -> dict[str, Any]:
@@ -247,8 +289,9 @@ class TestWhatEachOutputHolds:
         promtool = shutil.which("promtool")
         if promtool is None:
             pytest.skip(
-                "promtool is not installed (Debian's prometheus package), so `promtool check"
-                " metrics` was not run; prometheus_client's parser still read both outputs"
+                "promtool is not installed (Debian's prometheus package, which CI does not"
+                " install: docs/daemon.md, Metrics), so `promtool check metrics` was not run;"
+                " prometheus_client's parser still read both outputs"
             )
         for text in (outputs.textfile_text, outputs.http_text, outputs.ctl_text):
             done = subprocess.run(
