@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from jobwarden.daemon.stats import ALL_JOBS, Key, SinceStart
+from jobwarden.daemon.stats import ALL_JOBS, Key
 from jobwarden.states import JobState
 
 if TYPE_CHECKING:
+    from jobwarden.daemon.incidents.goodput import Goodput
     from jobwarden.daemon.store.jobs import JobRecord
     from jobwarden.daemon.view import View
 
@@ -43,8 +44,10 @@ def begin(daemon: View) -> None:
     since.begin(RECORDS, jobs)
     since.begin(INCIDENTS, [ALL_JOBS])
     since.begin(GOODPUT, jobs)
+    now = time.time()
     for record in daemon.table:  # each its baseline; a job's goodput, once it is known
         since.read(RECORDS, record.id, record_totals(record))
+        goodput_since_start(daemon, record, now)
     since.read(INCIDENTS, ALL_JOBS, incident_totals(daemon))
 
 
@@ -105,8 +108,9 @@ class WardendCollector:
             value=counted.get(("time_lost_s",), 0.0),
         )
         yield from stats_metrics(daemon)
+        by_job = goodput_metrics(daemon, records)  # read each time, so that it counts
         if self.per_job:
-            yield from goodput_metrics(daemon, records, since)
+            yield from by_job
 
 
 def stats_metrics(daemon: View) -> Iterator[Metric]:
@@ -149,7 +153,20 @@ def stats_metrics(daemon: View) -> Iterator[Metric]:
     yield notifications
 
 
-def goodput_metrics(daemon: View, records: list[JobRecord], since: SinceStart) -> Iterator[Metric]:
+def goodput_since_start(
+    daemon: View, record: JobRecord, now: float
+) -> tuple[Goodput, dict[Key, float]]:
+    """A job's goodput now, and its productive and badput seconds since the daemon's start
+    (none while its events are still being read)."""
+    found = daemon.incidents.traces.goodput(daemon.root.jobs / record.id, record.history, now)
+    if found.reading:
+        return found, {}
+    totals: dict[Key, float] = {("productive",): found.productive_s}
+    totals.update({("badput", cause): s for cause, s in found.badput_s.items()})
+    return found, daemon.stats.since_start.read(GOODPUT, record.id, totals)
+
+
+def goodput_metrics(daemon: View, records: list[JobRecord]) -> list[Metric]:
     """Each job's goodput (a gauge, over its whole life) and its productive and badput
     seconds since the daemon's start (counters); a job whose events are still being read
     has none of these until then, but a reading gauge."""
@@ -169,23 +186,17 @@ def goodput_metrics(daemon: View, records: list[JobRecord], since: SinceStart) -
         labels=["job"],
     )
     for record in records:
-        found = daemon.incidents.traces.goodput(daemon.root.jobs / record.id, record.history, now)
+        found, counted = goodput_since_start(daemon, record, now)
         if found.reading:
             reading.add_metric([record.id], len(found.reading))
             continue
         if found.goodput is not None:
             share.add_metric([record.id], found.goodput)
-        totals: dict[Key, float] = {("productive",): found.productive_s}
-        totals.update({("badput", cause): s for cause, s in found.badput_s.items()})
-        counted = since.read(GOODPUT, record.id, totals)
         productive.add_metric([record.id], counted[("productive",)])
         for key, seconds in sorted(counted.items()):
             if key[0] == "badput":
                 badput.add_metric([record.id, key[1]], seconds)
-    yield share
-    yield productive
-    yield badput
-    yield reading
+    return [share, productive, badput, reading]
 
 
 def render(daemon: View, per_job: bool = True) -> str:
