@@ -37,7 +37,7 @@ def long_events_section(
         section.row(f"{name}: the loop's longest block", ms(run["longest_block_s"]), "<= 100 ms")
     section.row("plain start: status JOB", ms(found["status"]["status_job_s"]), "<= 1 s")
     section.row(
-        "--metrics-listen: first /metrics naming the job", ms(found["metrics"]["first_metrics_s"])
+        "--metrics-listen: first /metrics counting the job", ms(found["metrics"]["first_metrics_s"])
     )
     section.row("plain start: goodput known, from start", ms(found["status"]["goodput_known_s"]))
     section.check("longest block <= 100 ms", longest <= BLOCK_TARGET_S)

@@ -10,6 +10,7 @@ shared across threads.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import time
@@ -70,8 +71,10 @@ class Wardend:
         self.started = time.time()
         self.notifier = notify.Notifier()
         self.hooks = hooks.Notifications.attach(options.notify, root, self.table, self.incidents)
-        self.exporter = exporter.Exporter(
-            self.metrics_text, options.metrics, options.sample_interval_s
+        self.exporter = exporter.Exporter(  # read by any local user: no series by job
+            functools.partial(metrics.render, self, per_job=False),
+            options.metrics,
+            options.sample_interval_s,
         )
         self.lifecycle = Lifecycle(self, options.keep_finished, options.keep_finished_days)
         self.last_status = ""
@@ -110,6 +113,7 @@ class Wardend:
             on_settled=self._settled,
         )
         self._resume_from_disk()
+        metrics.begin(self)  # the totals found were counted by an earlier daemon
         if self.lifecycle.retains:  # its first turn comes now that the table is loaded
             self._spawn(self.lifecycle.keep())
 

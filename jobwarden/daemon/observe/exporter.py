@@ -8,7 +8,8 @@ reads the table.  ``--metrics-textfile`` writes the same text each turn, off
 the loop, by a pending sibling, fsync and rename (`files.write_text_atomic`),
 so node_exporter's textfile collector (which reads only ``*.prom``) never
 sees half a file.  Both are off by default; the listener binds loopback
-unless a host is given.
+unless a host is given.  Any local user can read either, so the daemon hands
+its exporter a rendering without the series named by job (`metrics.render`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ log = structlog.get_logger("wardend.metrics")
 
 LOOPBACK = "127.0.0.1"
 TEXTFILE_MODE = 0o644
-"""node_exporter runs as its own user: the textfile is readable by others (counts only)."""
+"""node_exporter runs as its own user: the textfile is readable by others, so it names no job."""
 
 
 class MetricsListenError(JobwardenError):
