@@ -186,8 +186,21 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("-f", "--follow", action="store_true", help="follow until the job rests")
     tail.add_argument("--attempt", type=int, help="one attempt only (default: every attempt)")
     tail.add_argument("--stderr", action="store_true", help="the attempt's stderr instead")
-    tail.add_argument(
+    sources = tail.add_mutually_exclusive_group()
+    sources.add_argument(
         "--no-daemon", action="store_true", help="the worker's lines only, not the daemon's"
+    )
+    sources.add_argument(
+        "--daemon",
+        dest="daemon_only",
+        action="store_true",
+        help="the daemon's own lines only (transitions, exits, stalls, incidents)",
+    )
+    tail.add_argument(
+        "--kind",
+        action="append",
+        metavar="EVENT",
+        help="lines of this event kind only (a shell pattern, e.g. 'incident.*'); repeatable",
     )
     tail.add_argument("--json", action="store_true")
     tail.set_defaults(func=tailing.cmd_tail)

@@ -44,6 +44,11 @@ def attempt_file(rig: Rig, job_id: str, number: int, name: str) -> Path:
         ({"attempt": 2}, "control.no_such_attempt"),
         ({"stream": "stdout"}, "control.bad_request"),
         ({"daemon": "yes"}, "control.bad_request"),
+        ({"worker": False, "daemon": False}, "control.bad_request"),
+        ({"worker": 0}, "control.bad_request"),
+        ({"kinds": "failed"}, "control.bad_request"),
+        ({"kinds": [""]}, "control.bad_request"),
+        ({"kinds": ["x"] * 33}, "control.bad_request"),
         ({"cursor": "end"}, "control.bad_request"),
         ({"cursor": {"offset": -1}}, "control.bad_request"),
         ({"cursor": {"log": True}}, "control.bad_request"),
@@ -51,7 +56,7 @@ def attempt_file(rig: Rig, job_id: str, number: int, name: str) -> Path:
 )
 def test_tail_refusals(tmp_path: Path, args: dict[str, Any], code: str) -> None:
     """tail: unknown job, lines outside 1..10000, a negative attempt or one past the job's,
-    an unknown stream, a non-boolean daemon, a malformed cursor."""
+    an unknown stream, a non-boolean or no source, malformed kinds, a malformed cursor."""
 
     async def scenario(rig: Rig) -> None:
         rig.job_in("job", S.RUNNING)
@@ -98,6 +103,7 @@ def test_tail_merges_events_and_the_daemons_records_and_follows_on(tmp_path: Pat
     async def scenario(rig: Rig) -> None:
         record = rig.job_in("job", S.RUNNING)
         record.attempt = 2
+        record.submitted -= 100  # its records below were logged before the request
         events_1 = attempt_file(rig, "job", 1, "events.jsonl")
         write(events_1, b'{"event": "ready", "time": 10.0}\n')
         write(attempt_file(rig, "job", 2, "events.jsonl"), b'{"event": "ready", "time": 30.0}\n')

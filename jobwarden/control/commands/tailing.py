@@ -3,9 +3,11 @@
 ``tail JOB`` prints the job's last lines (``-n``, default 20): its worker's
 events and, interleaved in time, the daemon's own actions for it (lines
 marked ``wardend``: transitions, stalls, exits and their signal, incidents).
-``-f`` starts from the end and follows until the job rests; ``--stderr``
-shows an attempt's stderr instead.  ``maintail`` shows the daemon's own
-log, one readable line per record.  Ctrl-C ends either with status 130.
+``-f`` starts from the end and follows until the job rests; ``--daemon``
+keeps the daemon's lines only, ``--kind`` lines of some kinds only (``-n``
+counts the lines kept); ``--stderr`` shows an attempt's stderr instead.
+``maintail`` shows the daemon's own log, one readable line per record.
+Ctrl-C ends either with status 130.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ def render_line(item: dict[str, Any]) -> str:
     if item.get("origin") == "wardend":
         return render_action(item)
     if item.get("event") == "output" and "time" not in item:
-        return f"#{item.get('attempt')} {item.get('line', '')}"
+        stamp = f" {iso_time(item['read'])}" if "read" in item else ""
+        return f"#{item.get('attempt')}{stamp} {item.get('line', '')}"
     return render_event(item)
 
 
@@ -82,6 +85,10 @@ def cmd_tail(args: argparse.Namespace) -> int:
         "stream": "stderr" if args.stderr else "events",
         "daemon": not args.no_daemon,
     }
+    if args.daemon_only:
+        request["worker"] = False
+    if args.kind:
+        request["kinds"] = args.kind
     if args.attempt is not None:
         request["attempt"] = args.attempt
     data = ask(args, "tail", **request)

@@ -27,6 +27,7 @@ import structlog
 
 from jobwarden.daemon.config import LaunchSettings
 from jobwarden.daemon.store.evidence import EvidenceFile
+from jobwarden.daemon.store.stamps import Stamper
 from jobwarden.errors import JobwardenError
 from jobwarden.events import Event, Malformed, parse_line
 from jobwarden.jobfile import Job
@@ -286,11 +287,16 @@ async def pump(
     Lines longer than `LINE_LIMIT` are kept in the file but reported as
     malformed once and not parsed; nothing the worker writes can crash this,
     and a disk that refuses the bytes only costs the evidence (`EvidenceFile`).
+    Each line dispatched is stamped with the time it was, beside the file
+    (`jobwarden.daemon.store.stamps`).
     """
     buffer = bytearray()
     lineno, skipping = 0, False
+    stamps = Stamper(events)
+    at = events.size()  # the offset in the file of the buffer's first byte
 
-    def dispatch(raw: bytes) -> None:
+    def dispatch(raw: bytes, end: int) -> None:
+        stamps.add(end, time.time())
         parsed = parse_line(raw.decode(errors="replace"), lineno)
         if isinstance(parsed, Event):
             on_event(parsed)
@@ -304,22 +310,27 @@ async def pump(
             while (end := buffer.find(b"\n")) >= 0:
                 line = bytes(buffer[:end])
                 del buffer[: end + 1]
+                at += end + 1
                 lineno += 1
-                if skipping:
+                if skipping:  # the end of a line over the limit, told of already
                     skipping = False
+                    stamps.add(at, time.time())
                 elif line.strip():
-                    dispatch(line)
+                    dispatch(line, at)
+            stamps.flush()
             if len(buffer) > LINE_LIMIT and not skipping:
                 lineno += 1
                 text = buffer[:200].decode(errors="replace")
                 on_malformed(Malformed(text, f"line over {LINE_LIMIT} bytes", lineno))
                 skipping = True
             if skipping:
+                at += len(buffer)
                 buffer.clear()
         if buffer.strip() and not skipping:
             lineno += 1
-            dispatch(bytes(buffer))
+            dispatch(bytes(buffer), at + len(buffer))
     finally:
+        stamps.close()
         events.close()
 
 

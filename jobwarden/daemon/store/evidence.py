@@ -58,6 +58,13 @@ class EvidenceFile:
             log.warning("evidence.write_resumed", file=str(self.path), lost_bytes=self.lost_bytes)
             self._failing = False
 
+    def size(self) -> int:
+        """How many bytes the file holds now (0 while it does not exist)."""
+        try:
+            return os.fstat(self._fd).st_size if self._fd is not None else self.path.stat().st_size
+        except OSError:
+            return 0
+
     def close(self) -> None:
         """Close the file."""
         if self._fd is not None:

@@ -8,7 +8,8 @@ loop: once a stderr pipe's 64 KiB filled, the daemon stopped answering.  A
 stream that falls `QUEUE_LINES` behind loses the newest lines, counted, and
 writes one ``log.dropped`` record naming how many once it catches up; the
 other stream is not held back by it.  At exit the queues are drained for at
-most `DRAIN_S` in all.
+most `DRAIN_S` in all.  `written` lets a reader of the file (``tail``) wait,
+in its own thread, until the records logged before it asked are in the file.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class LineWriter:
 
     def __init__(self, stream: IO[str], name: str, capacity: int = QUEUE_LINES) -> None:
         self.stream = stream
-        self.lines: queue.Queue[str | None] = queue.Queue(capacity)
+        self.lines: queue.Queue[str | threading.Event | None] = queue.Queue(capacity)
         self.lock = threading.Lock()
         self.dropped = 0
         self.thread = threading.Thread(target=self._run, name=f"log-{name}", daemon=True)
@@ -51,6 +52,16 @@ class LineWriter:
         except queue.Full:
             with self.lock:
                 self.dropped += 1
+
+    def mark(self) -> threading.Event | None:
+        """An event set once every line queued before it is written; None if the queue is
+        full (the caller reads without waiting)."""
+        marker = threading.Event()
+        try:
+            self.lines.put_nowait(marker)
+        except queue.Full:
+            return None
+        return marker
 
     def close(self, timeout: float = DRAIN_S) -> bool:
         """Write what is queued (for at most ``timeout`` s); True if all of it was written."""
@@ -67,6 +78,9 @@ class LineWriter:
 
     def _run(self) -> None:
         while (line := self.lines.get()) is not None:
+            if isinstance(line, threading.Event):
+                line.set()
+                continue
             try:
                 self.stream.write(line)
                 with self.lock:
@@ -100,6 +114,12 @@ class Log:
     def __init__(self, *writers: LineWriter) -> None:
         self.writers = writers
 
+    def mark(self) -> threading.Event | None:
+        """An event set once the file holds every record logged before this call (None
+        without a file, or with its queue full)."""
+        files = [w for w in self.writers if w.stream is not sys.stderr]
+        return files[-1].mark() if files else None
+
     def write(self, text: str) -> int:
         """Queue ``text`` (one whole record and its newline) for every stream."""
         for writer in self.writers:
@@ -111,12 +131,24 @@ class Log:
 
     def close(self) -> None:
         """Drain the streams (for at most `DRAIN_S` in all), then close the file."""
+        if self in CURRENT:
+            CURRENT.remove(self)
         deadline = time.monotonic() + DRAIN_S
         for writer in self.writers:
             writer.close(max(0.0, deadline - time.monotonic()))
         for writer in self.writers:
             if writer.stream is not sys.stderr and not writer.thread.is_alive():
                 writer.stream.close()
+
+
+CURRENT: list[Log] = []
+"""The `Log` that `configure` set up, if any (an in-process daemon of a test has none)."""
+
+
+def written() -> threading.Event | None:
+    """Called on the loop: an event set once ``wardend.log`` holds every record logged
+    before the call; None when there is nothing to wait for."""
+    return CURRENT[-1].mark() if CURRENT else None
 
 
 def configure(log_file: Path) -> Log:
@@ -127,6 +159,7 @@ def configure(log_file: Path) -> Log:
     fd = open_private(log_file, os.O_WRONLY | os.O_APPEND)
     stream = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
     log = Log(LineWriter(sys.stderr, "stderr"), LineWriter(stream, "file"))
+    CURRENT[:] = [log]
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
