@@ -4,6 +4,7 @@ retention, status --all, rejected requests, and inspect and verify through the s
 from __future__ import annotations
 
 import json
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -170,6 +171,108 @@ def test_escalated_job_removed_then_replaced(live: Daemon, tmp_path: Path) -> No
     assert "archived as inc-" in replaced.stderr
     assert live.wait("inc")["state"] == "completed"
     assert ctl(live, "status").returncode == 0
+
+
+def archive_of(daemon: Daemon, stderr: str) -> Path:
+    """The archive folder a ``submit --replace`` names on its stderr."""
+    name = re.search(r"archived as (\S+)", stderr)
+    assert name, stderr
+    return daemon.root / "archive" / name.group(1)
+
+
+@pytest.mark.slow
+def test_replace_warns_of_a_finished_or_other_config_checkpoint(
+    live: Daemon, tmp_path: Path
+) -> None:
+    """submit --replace warns when the new job resumes the end of the run or another config."""
+    same = tmp_path / "ended.toml"
+    same.write_text(linreg_job("ended"))
+    assert ctl(live, "submit", str(same)).returncode == 0
+    live.wait("ended")
+    replaced = ctl(live, "submit", "--replace", str(same))
+    assert replaced.returncode == 0, replaced.stderr
+    assert (
+        "wardenctl submit: warning: job ended resumes checkpoint 'ended' at step 8, the end "
+        "of its run (steps = 8): the job completes at once, training nothing; submit "
+        "--replace --fresh to start from step 0" in replaced.stderr
+    )
+    assert live.wait("ended")["state"] == "completed"
+    changed = tmp_path / "changed.toml"
+    changed.write_text(linreg_job("ended", train={"learning_rate": 0.05}))
+    answer = ctl(live, "submit", "--replace", "--json", str(changed))
+    [warning] = json.loads(answer.stdout)["warnings"]
+    assert warning.startswith(
+        "job ended resumes checkpoint 'ended' at step 8, whose training config differs: "
+        "learning_rate (saved 0.04, requested 0.05); a restore refuses it and the job escalates"
+    )
+    assert warning in answer.stderr
+    assert live.wait("ended")["state"] == "escalated"
+
+
+@pytest.mark.slow
+def test_replace_fresh_archives_the_checkpoints_and_starts_at_step_0(
+    live: Daemon, tmp_path: Path
+) -> None:
+    """submit --replace --fresh: the old checkpoints move to the archive, the new job of
+    another config trains from step 0 to completion, and no warning is printed."""
+    live.drop("anew.toml", linreg_job("anew"))
+    live.wait("anew")
+    changed = tmp_path / "anew.toml"
+    changed.write_text(linreg_job("anew", train={"learning_rate": 0.05}))
+    fresh = ctl(live, "submit", "--replace", "--fresh", str(changed))
+    assert fresh.returncode == 0, fresh.stderr
+    assert "warning" not in fresh.stderr
+    folder = archive_of(live, fresh.stderr)
+    assert f"its checkpoints archived as {folder.name}/checkpoint" in fresh.stderr
+    kept = sorted(p.name for p in (folder / "checkpoint").glob("ckpt-*"))
+    assert kept[-1] == "ckpt-0000000008.safetensors"
+    assert json.loads((folder / "archived.json").read_text())["checkpoint"]["name"] == "anew"
+    assert live.wait("anew")["state"] == "completed"
+    events = live.events("anew", 1)
+    assert "restored" not in [e["event"] for e in events]
+    assert next(e["step"] for e in events if e["event"] == "progress") == 1
+
+
+@pytest.mark.slow
+def test_fresh_first_submit_archives_a_checkpoint_left_by_remove(
+    live: Daemon, tmp_path: Path
+) -> None:
+    """remove keeps the checkpoints; submit --fresh of that id archives them alone and the
+    job starts from step 0; status --all lists the job, not the directory."""
+    spec = tmp_path / "left.toml"
+    spec.write_text(linreg_job("left"))
+    assert ctl(live, "submit", str(spec)).returncode == 0
+    live.wait("left")
+    assert ctl(live, "remove", "left").returncode == 0
+    assert (live.root / "checkpoints" / "left").is_dir()
+    fresh = ctl(live, "submit", "--fresh", str(spec))
+    assert fresh.returncode == 0, fresh.stderr
+    [alone] = (live.root / "archive" / "checkpoints").glob("left-*")
+    assert f"checkpoint 'left' archived as checkpoints/{alone.name}" in fresh.stderr
+    assert (alone / "ckpt-0000000008.safetensors").is_file()
+    assert live.wait("left")["state"] == "completed"
+    assert "restored" not in [e["event"] for e in live.events("left", 1)]
+    every = json.loads(ctl(live, "status", "--all", "--json").stdout)["archived"]
+    assert [r.get("error") for r in every] == [None] * len(every)
+    assert "left" in [r["id"] for r in every]
+
+
+@pytest.mark.slow
+def test_fresh_is_refused_while_another_job_names_the_checkpoint(
+    live: Daemon, tmp_path: Path
+) -> None:
+    """submit --replace --fresh of a job sharing its checkpoint: refused, nothing archived."""
+    live.drop("first.toml", linreg_job("first", "common"))
+    live.wait("first")
+    spec = tmp_path / "second.toml"
+    spec.write_text(linreg_job("second", "common"))
+    assert ctl(live, "submit", str(spec)).returncode == 0
+    live.wait("second")
+    refused = ctl(live, "submit", "--replace", "--fresh", str(spec))
+    assert refused.returncode == 1
+    assert "checkpoint 'common' is also the checkpoint of job first" in refused.stderr
+    assert live.state("second")["state"] == "completed"
+    assert (live.root / "checkpoints" / "common").is_dir()
 
 
 @pytest.mark.slow

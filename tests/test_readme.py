@@ -23,22 +23,24 @@ def block(title: str) -> str:
     return found.group(1)
 
 
-def test_running_the_daemon_block_runs_as_a_script(tmp_path: Path) -> None:
-    """Started, ready, the job submitted, followed to its completion through a recovery,
-    its incident verified, its runbook printed, the daemon stopped: exit 0 throughout."""
+def run_daemon_block(cwd: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    """The "Running the daemon" block run by bash in ``cwd`` with ``home`` as $HOME."""
     bin_dir = Path(sys.executable).parent
     script = block("Running the daemon").replace(".venv/bin/", f"{bin_dir}/")
-    home = tmp_path / "home"
-    home.mkdir(mode=0o700)
-    done = subprocess.run(
+    return subprocess.run(
         ["bash", "-euo", "pipefail", "-c", script + "wait\n"],
-        cwd=tmp_path,
+        cwd=cwd,
         env={**os.environ, "HOME": str(home)},
         capture_output=True,
         text=True,
         timeout=240,
         check=False,
     )
+
+
+def assert_recovered_and_told(done: subprocess.CompletedProcess[str]) -> None:
+    """The block exited 0 after the job failed at update 3, resumed from step 2, completed,
+    and its incident was verified and its runbook printed."""
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert "ready on" in out
@@ -50,4 +52,22 @@ def test_running_the_daemon_block_runs_as_a_script(tmp_path: Path) -> None:
     assert re.search(r"^demo +completed +2 +8/8 ", tail, re.M), "status shows no completed demo"
     assert re.search(r"^demo-1 +crash +verified ", tail, re.M), "the incident is not verified"
     assert "# Incident demo-1: crash of job demo" in tail
+
+
+def test_running_the_daemon_block_runs_as_a_script_twice(tmp_path: Path) -> None:
+    """Pasted twice on one root, the block shows the fault, the recovery and the incident
+    both times: the second submit archives the first job and its checkpoints, never resumes."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    assert_recovered_and_told(run_daemon_block(tmp_path, home))
+    again = run_daemon_block(tmp_path, home)
+    assert_recovered_and_told(again)
     assert not (home / "warden" / "control.sock").exists()  # shut down, socket removed
+    [archived] = (home / "warden" / "archive").glob("demo-*")
+    assert "archived as " + archived.name in again.stderr
+    assert sorted(p.name for p in (archived / "checkpoint").glob("ckpt-*")) == [
+        "ckpt-0000000004.safetensors",
+        "ckpt-0000000006.safetensors",
+        "ckpt-0000000008.safetensors",
+    ]
+    assert "warning" not in again.stderr

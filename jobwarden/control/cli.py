@@ -146,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="archive a settled (completed, cancelled, failed or escalated) job of the same id "
         "first, then submit",
     )
+    submit.add_argument(
+        "--fresh",
+        action="store_true",
+        help="--replace, and archive the job's checkpoint directory too (never deleted), so "
+        "that the job starts from step 0 instead of resuming",
+    )
     submit.set_defaults(func=lifecycle.cmd_submit)
 
     for name, func, text in (

@@ -92,6 +92,7 @@ def test_the_rig_offers_every_member_of_the_view(tmp_path: Path) -> None:
                 "cancel",
                 "restart",
                 "remove",
+                "archive_checkpoint",
                 "signal",
                 "archived",
                 "rejected",
@@ -440,7 +441,7 @@ def test_a_submit_of_exactly_128_bytes_is_taken_in(tmp_path: Path) -> None:
         name = "j" * 123 + ".toml"
         content = 'id = "bound"\ntask = "linreg"\n'
         answer = await commands.submit(rig, {"name": name, "content": content})
-        assert answer == {"accepted": True, "job": "bound", "state": "queued"}
+        assert answer == {"accepted": True, "job": "bound", "state": "queued", "warnings": []}
         assert (list(rig.queue), rig.stats.intake_accepted) == (["bound"], 1)
 
     play(tmp_path, scenario)

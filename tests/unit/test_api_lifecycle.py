@@ -407,6 +407,110 @@ def test_remove_all_takes_every_settled_job_no_supervisor_holds(tmp_path: Path) 
     play(tmp_path, scenario)
 
 
+def checkpoint_dir(rig: Rig, name: str) -> Path:
+    """A checkpoint directory ``name`` holding one file, as a worker leaves it."""
+    directory = rig.root.checkpoints / name
+    directory.mkdir(parents=True)
+    (directory / "ckpt-0000000008.safetensors").write_bytes(b"committed")
+    return directory
+
+
+def test_remove_fresh_archives_the_checkpoint_directory_with_the_job(tmp_path: Path) -> None:
+    """remove with fresh: the job's checkpoint directory moves into its archive folder, noted."""
+
+    async def scenario(rig: Rig) -> None:
+        rig.job_in("old", S.COMPLETED)
+        directory = checkpoint_dir(rig, "old")
+        life = Lifecycle(rig)
+        args = {"jobs": ["old"], "replacing": True, "fresh": True}
+        answer = life.handlers()["remove"](args)["results"][0]
+        archived = rig.root.path / "archive" / answer["archived"]
+        assert answer["checkpoint_archived"] == f"{archived.name}/checkpoint"
+        assert directory.exists() is False
+        assert (archived / "checkpoint" / "ckpt-0000000008.safetensors").read_bytes() == (
+            b"committed"
+        )
+        note = json.loads((archived / "archived.json").read_text())
+        assert note["checkpoint"] == {"name": "old", "from": str(directory), "to": "checkpoint"}
+
+    play(tmp_path, scenario)
+
+
+def test_remove_without_fresh_keeps_the_checkpoint_directory(tmp_path: Path) -> None:
+    """remove alone: the checkpoint directory stays for a job that resumes it."""
+
+    async def scenario(rig: Rig) -> None:
+        rig.job_in("old", S.COMPLETED)
+        directory = checkpoint_dir(rig, "old")
+        answer = Lifecycle(rig).handlers()["remove"]({"jobs": ["old"]})["results"][0]
+        assert (answer["checkpoint_archived"], directory.is_dir()) == (None, True)
+
+    play(tmp_path, scenario)
+
+
+def test_remove_fresh_of_a_checkpoint_another_job_names_is_refused(tmp_path: Path) -> None:
+    """Two jobs of one checkpoint: remove fresh of one is refused, both stay as they were."""
+
+    async def scenario(rig: Rig) -> None:
+        rig.job_in("one", S.COMPLETED, checkpoint="both")
+        rig.job_in("two", S.COMPLETED, checkpoint="both")
+        directory = checkpoint_dir(rig, "both")
+        life = Lifecycle(rig)
+        [result] = life.handlers()["remove"]({"jobs": ["two"], "fresh": True})["results"]
+        assert result["error"] == {
+            "code": "control.bad_state",
+            "message": "checkpoint 'both' is also the checkpoint of job one: remove that job "
+            "first (with --fresh to archive the directory with it)",
+        }
+        assert (directory.is_dir(), sorted(rig.table.records)) == (True, ["one", "two"])
+
+    play(tmp_path, scenario)
+
+
+def test_archive_checkpoint_moves_a_directory_no_job_names(tmp_path: Path) -> None:
+    """archive_checkpoint: the directory goes to archive/checkpoints/, which archived skips."""
+
+    async def scenario(rig: Rig) -> None:
+        directory = checkpoint_dir(rig, "left")
+        life = Lifecycle(rig)
+        answer = life.handlers()["archive_checkpoint"]({"checkpoint": "left"})
+        assert answer["archived"].startswith("checkpoints/left-")
+        kept = rig.root.path / "archive" / answer["archived"] / "ckpt-0000000008.safetensors"
+        assert (kept.read_bytes(), directory.exists()) == (b"committed", False)
+        assert await life.handlers()["archived"]({}) == []
+        again = life.handlers()["archive_checkpoint"]({"checkpoint": "left"})
+        assert again == {"checkpoint": "left", "archived": None}
+
+    play(tmp_path, scenario)
+
+
+@pytest.mark.parametrize("name", [None, 3, "", "..", "a/b", "x" * 65])
+def test_archive_checkpoint_of_no_checkpoint_name_is_refused(tmp_path: Path, name: Any) -> None:
+    """archive_checkpoint takes a checkpoint name as a job file gives it, nothing else."""
+
+    async def scenario(rig: Rig) -> None:
+        handler = Lifecycle(rig).handlers()["archive_checkpoint"]
+        assert refused(lambda: handler({"checkpoint": name})) == (
+            "control.bad_request",
+            "checkpoint: a checkpoint name as a job file gives it",
+        )
+
+    play(tmp_path, scenario)
+
+
+def test_archive_checkpoint_a_job_names_is_refused(tmp_path: Path) -> None:
+    """A checkpoint directory a job in the table names stays where it is."""
+
+    async def scenario(rig: Rig) -> None:
+        rig.job_in("held", S.FAILED)
+        directory = checkpoint_dir(rig, "held")
+        handler = Lifecycle(rig).handlers()["archive_checkpoint"]
+        assert refused(lambda: handler({"checkpoint": "held"}))[0] == "control.bad_state"
+        assert directory.is_dir()
+
+    play(tmp_path, scenario)
+
+
 def test_archived_of_a_root_with_no_archive_is_empty(tmp_path: Path) -> None:
     """archived before anything was removed: an empty list."""
 

@@ -10,7 +10,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jobwarden import __version__
 from jobwarden.control.commands.output import (
@@ -29,6 +29,9 @@ from jobwarden.control.tables import (
 )
 from jobwarden.protocol import ControlError
 from jobwarden.states import NEEDS_ATTENTION, SETTLED, JobState
+
+if TYPE_CHECKING:
+    from jobwarden.jobfile import Job
 
 # The names `submit` sends as they are: plain, printable and short.
 SPOOL_NAME = re.compile(r"[A-Za-z0-9_+=,@%-][A-Za-z0-9._+=,@%-]{0,100}")
@@ -76,20 +79,30 @@ def cmd_runbook(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
-    """Validate FILE here, hand it to the daemon's spool, and print the job id."""
+def checked(source: Path) -> tuple[Job, dict[str, Any], dict[str, Any]] | None:
+    """The job file at ``source`` as a job, its text's document and that document with a
+    relative workdir resolved; None after listing on stderr what is wrong with it."""
     from jobwarden.errors import JobFileError
     from jobwarden.jobfile import job_from_mapping, read_document, resolve_workdir
 
-    source = Path(args.file)
     try:
         document = read_document(source)
         resolved = resolve_workdir(document, source.absolute().parent)
-        job = job_from_mapping(resolved, str(source), check_workdir=True)
+        return job_from_mapping(resolved, str(source), check_workdir=True), document, resolved
     except JobFileError as error:
         sys.stderr.write(f"wardenctl submit: {source} is invalid, not submitted:\n")
         sys.stderr.write("".join(f"  {problem}\n" for problem in error.problems))
+        return None
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Validate FILE here, hand it to the daemon's spool, and print the job id (and on
+    stderr the daemon's warnings about what it will resume)."""
+    source = Path(args.file)
+    found = checked(source)
+    if found is None:
         return EXIT_USAGE
+    job, document, resolved = found
     from jobwarden.jobwarnings import job_warnings
 
     for warning in job_warnings(job):
@@ -104,6 +117,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         name = job.id + suffix  # a name the daemon would refuse: the job id is always plain
     result = ask(args, "submit", name=name, content=content)
     if result["accepted"]:
+        for warning in result.get("warnings", []):
+            sys.stderr.write(f"wardenctl submit: warning: {warning}\n")
         emit(result, args.json, lambda d: d["job"])
         return EXIT_OK
     emit(

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jobwarden.control.commands.daemon import ask
+from jobwarden.control.commands.daemon import ask, checked
 from jobwarden.control.commands.daemon import cmd_status as show_status
 from jobwarden.control.commands.daemon import cmd_submit as submit_file
 from jobwarden.control.commands.output import (
@@ -95,24 +95,31 @@ def cmd_signal(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    """Submit a job file; with --replace, first archive a settled job of the same id."""
-    if not args.replace:
+    """Submit a job file; with --replace, first archive a settled job of the same id; with
+    --fresh (which implies --replace) its checkpoint directory too, so the job starts at 0."""
+    fresh = getattr(args, "fresh", False)
+    if not (args.replace or fresh):
         return submit_file(args)
-    from jobwarden.errors import JobFileError
-    from jobwarden.jobfile import read_document
-
-    try:
-        document = read_document(Path(args.file))
-    except JobFileError:
-        return submit_file(args)  # it lists what is wrong with the file
-    job_id = document.get("id")
-    if isinstance(job_id, str):
-        answer = ask(args, "remove", jobs=[job_id], replacing=True)["results"][0]
-        if answer["ok"]:
-            sys.stderr.write(f"wardenctl submit: {job_id} archived as {answer['archived']}\n")
-        elif answer["error"]["code"] != "control.no_such_job":
-            sys.stderr.write(f"wardenctl submit: not replaced: {answer['error']['message']}\n")
-            return EXIT_REFUSED
+    found = checked(Path(args.file))
+    if found is None:
+        return EXIT_USAGE
+    job = found[0]
+    answer = ask(args, "remove", jobs=[job.id], replacing=True, fresh=fresh)["results"][0]
+    if answer["ok"]:
+        sys.stderr.write(f"wardenctl submit: {job.id} archived as {answer['archived']}\n")
+        if answer.get("checkpoint_archived"):
+            sys.stderr.write(
+                f"wardenctl submit: its checkpoints archived as {answer['checkpoint_archived']}\n"
+            )
+    elif answer["error"]["code"] != "control.no_such_job":
+        sys.stderr.write(f"wardenctl submit: not replaced: {answer['error']['message']}\n")
+        return EXIT_REFUSED
+    if fresh:  # a directory left by a job archived without it, or another job's name
+        kept = ask(args, "archive_checkpoint", checkpoint=job.checkpoint)
+        if kept["archived"]:
+            sys.stderr.write(
+                f"wardenctl submit: checkpoint {job.checkpoint!r} archived as {kept['archived']}\n"
+            )
     return submit_file(args)
 
 

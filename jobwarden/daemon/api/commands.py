@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from jobwarden import __version__
 from jobwarden.checkpoint.signing import load_key
 from jobwarden.checkpoint.store import directory_verdicts
-from jobwarden.daemon.api import examine, status, tailing
+from jobwarden.daemon.api import examine, resuming, status, tailing
 from jobwarden.daemon.api.arguments import int_arg, job_record
 from jobwarden.daemon.api.lifecycle import Lifecycle
 from jobwarden.daemon.background import off_loop
@@ -203,7 +203,9 @@ async def submit(daemon: View, args: dict[str, Any]) -> Any:
             "kept_at": str(taken.kept_at),
         }
     record = daemon.table.get(taken.id)
-    return {"accepted": True, "job": taken.id, "state": record.state.value if record else "queued"}
+    state = record.state.value if record else "queued"
+    told = await off_loop(resuming.warnings, daemon.root, taken)
+    return {"accepted": True, "job": taken.id, "state": state, "warnings": told}
 
 
 def version(daemon: View) -> Any:

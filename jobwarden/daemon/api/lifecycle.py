@@ -1,5 +1,9 @@
 """An operator ends what was started: stop, cancel, restart, signal, remove, and retention.
 
+``remove`` with ``fresh: true`` archives each job's checkpoint directory with
+it, and ``archive_checkpoint`` archives one that no job holds, so that a new
+job of that checkpoint starts from step 0 (``wardenctl submit --fresh``).
+
 Each request names one or more jobs (``jobs``: a list of ids) or every job
 it applies to (``all: true``), as supervisorctl accepts, and answers one
 result per job, so one unknown name does not hide what was done to the
@@ -28,6 +32,7 @@ from jobwarden.daemon.background import Background, off_loop
 from jobwarden.daemon.store import archive
 from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.store.layout import Root
+from jobwarden.jobfile import check_name
 from jobwarden.protocol import ControlError
 from jobwarden.states import RESUMABLE, TERMINAL, JobState
 
@@ -71,9 +76,12 @@ class Lifecycle:
             "restart": lambda args: self.each(args, self.restart_one, None),
             "remove": lambda args: self.each(
                 args,
-                lambda r: self.remove_one(r, replacing=args.get("replacing") is True),
+                lambda r: self.remove_one(
+                    r, replacing=args.get("replacing") is True, fresh=args.get("fresh") is True
+                ),
                 "remove",
             ),
+            "archive_checkpoint": self.archive_checkpoint,
             "signal": self.signal,
             "archived": lambda args: off_loop(archive.rows, self.daemon.root),
             "rejected": self.rejected,
@@ -227,20 +235,57 @@ class Lifecycle:
         log.info("job.signalled", job=record.id, attempt=attempt.number, signal=signum.name)
         return {"job": record.id, "signal": signum.name, "pid": attempt.running.pid}
 
-    def remove_one(self, record: JobRecord, replacing: bool = False) -> dict[str, Any]:
+    def remove_one(
+        self, record: JobRecord, replacing: bool = False, fresh: bool = False
+    ) -> dict[str, Any]:
         """Archive a settled job whole; its id is free again (``replacing``: for the job file
-        ``submit --replace`` hands in next, which the archive's reason says)."""
+        ``submit --replace`` hands in next, which the archive's reason says; ``fresh``: its
+        checkpoint directory goes with it, unless another job holds that too)."""
         if record.state not in archive.REMOVABLE or record.id in self.daemon.supervisors:
             raise ControlError(
                 "control.bad_state",
                 f"job {record.id} is {record.state.value}; remove applies to completed, "
                 "cancelled, failed or escalated jobs (cancel it first)",
             )
+        if fresh:
+            self.refuse_shared(record.checkpoint, record.id)
         state = record.state.value
         why = "replaced (wardenctl submit --replace)" if replacing else "removed by operator"
-        target = archive.archive_job(self.daemon.root, self.daemon.table, record, why)
+        carried = fresh and archive.is_directory(self.daemon.root.checkpoints / record.checkpoint)
+        target = archive.archive_job(self.daemon.root, self.daemon.table, record, why, fresh=fresh)
         self.daemon.incidents.forget(record.id)
-        return {"state": state, "archived": target.name}
+        held = f"{target.name}/{archive.CHECKPOINT}" if carried else None
+        return {"state": state, "archived": target.name, "checkpoint_archived": held}
+
+    def refuse_shared(self, checkpoint: str, job_id: str | None = None) -> None:
+        """Raise control.bad_state when a job other than ``job_id`` names ``checkpoint``."""
+        others = sorted(
+            r.id for r in self.daemon.table if r.checkpoint == checkpoint and r.id != job_id
+        )
+        if others:
+            raise ControlError(
+                "control.bad_state",
+                f"checkpoint {checkpoint!r} is also the checkpoint of job {', '.join(others)}: "
+                "remove that job first (with --fresh to archive the directory with it)",
+            )
+
+    def archive_checkpoint(self, args: dict[str, Any]) -> dict[str, Any]:
+        """archive_checkpoint checkpoint: move a checkpoint directory that no job in the
+        table names to ``ROOT/archive/checkpoints/``, so a new job of it starts from step 0."""
+        name = args.get("checkpoint")
+        try:
+            checked = check_name(name) if isinstance(name, str) else None
+        except ValueError:
+            checked = None
+        if checked is None:
+            raise ControlError(
+                "control.bad_request", "checkpoint: a checkpoint name as a job file gives it"
+            )
+        name = checked
+        self.refuse_shared(name)
+        target = archive.archive_checkpoint(self.daemon.root, name)
+        where = f"{archive.CHECKPOINTS}/{target.name}" if target is not None else None
+        return {"checkpoint": name, "archived": where}
 
     def retain(self) -> None:
         """Apply ``--keep-finished`` and ``--keep-finished-days``."""

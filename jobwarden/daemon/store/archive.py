@@ -5,7 +5,11 @@ retention move a settled job's folder to ``ROOT/archive/<id>-<UTC time>/``
 in one rename, with an ``archived.json`` note beside its ``state.json``; the
 job leaves the daemon's table, so its id is free for a new submit.  Nothing
 in the archive is ever deleted by the daemon.  Its checkpoint directory is
-not part of the job folder and stays where it is.
+not part of the job folder and stays where it is, so that a job of the same
+checkpoint resumes it; unless the job is archived ``fresh`` (``submit
+--fresh``): then the directory moves with it, to ``<folder>/checkpoint/``.
+A checkpoint directory no job holds is archived alone, to
+``ROOT/archive/checkpoints/<name>-<UTC time>/``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ log = structlog.get_logger("wardend.archive")
 ARCHIVE = "archive"
 NOTE = "archived.json"
 """The note an archived job folder holds: when, why, and the state it rested in."""
+CHECKPOINT = "checkpoint"
+"""Where a job archived fresh keeps its checkpoint directory, in its archive folder."""
+CHECKPOINTS = "checkpoints"
+"""The folder of ``ROOT/archive`` holding the checkpoint directories archived alone."""
 
 
 DAY_S = 86400.0
@@ -48,21 +56,38 @@ def stamp(now: float) -> str:
     return moment.strftime("%Y%m%dT%H%M%S.%fZ")
 
 
-def archive_job(root: Root, table: JobTable, record: JobRecord, reason: str) -> Path:
+def is_directory(path: Path) -> bool:
+    """Whether ``path`` is a directory itself, not a link to one (which is never moved)."""
+    return path.is_dir() and not path.is_symlink()
+
+
+def free_place(folder: Path, name: str, now: float) -> Path:
+    """``folder/<name>-<UTC time>``, with a counter after it should that be taken."""
+    target = folder / f"{name}-{stamp(now)}"
+    number = 1
+    while os.path.lexists(target):
+        target = folder / f"{name}-{stamp(now)}.{number}"
+        number += 1
+    return target
+
+
+def archive_job(
+    root: Root, table: JobTable, record: JobRecord, reason: str, *, fresh: bool = False
+) -> Path:
     """Move a settled job's folder into the archive and forget the job; returns where it went.
 
-    Raises OSError when the move cannot be made (the job then stays as it was).
+    With ``fresh`` its checkpoint directory, when there is one, moves first into the
+    job folder (as `CHECKPOINT`), so that the two reach the archive in one rename.
+    Raises OSError when a move cannot be made (the job then stays as it was).
     The caller forgets whatever else it keeps for the job (its unwritten incidents).
     """
     now = time.time()
     archive = folder_of(root)
     rootcheck.make_folder(archive)
-    target = archive / f"{record.id}-{stamp(now)}"
-    number = 1
-    while os.path.lexists(target):
-        target = archive / f"{record.id}-{stamp(now)}.{number}"
-        number += 1
+    target = free_place(archive, record.id, now)
     source = root.job(record.id)
+    checkpoint = root.checkpoints / record.checkpoint
+    carried = fresh and is_directory(checkpoint)
     note = {
         "job": record.id,
         "archived": now,
@@ -70,9 +95,20 @@ def archive_job(root: Root, table: JobTable, record: JobRecord, reason: str) -> 
         "reason": reason,
         "state": record.state.value,
         "from": str(source),
+        "checkpoint": {"name": record.checkpoint, "from": str(checkpoint), "to": CHECKPOINT}
+        if carried
+        else None,
     }
     write_text_atomic(source / NOTE, json.dumps(note, indent=2) + "\n")
-    os.rename(source, target)
+    if carried:
+        os.rename(checkpoint, source / CHECKPOINT)
+        fsync_dir(root.checkpoints)
+    try:
+        os.rename(source, target)
+    except OSError:
+        if carried:  # put it back: the job stays as it was, checkpoints and all
+            os.rename(source / CHECKPOINT, checkpoint)
+        raise
     fsync_dir(archive)
     fsync_dir(root.jobs)
     table.drop(record.id)
@@ -82,7 +118,28 @@ def archive_job(root: Root, table: JobTable, record: JobRecord, reason: str) -> 
         state=record.state.value,
         folder=target.name,
         reason=reason,
+        checkpoint=record.checkpoint if carried else None,
     )
+    return target
+
+
+def archive_checkpoint(root: Root, name: str) -> Path | None:
+    """Move the checkpoint directory ``name`` that no job holds to ``ROOT/archive/checkpoints/``;
+    returns where it went, or None when there is no such directory.
+
+    Raises OSError when the move cannot be made (the directory then stays).
+    """
+    source = root.checkpoints / name
+    if not is_directory(source):
+        return None
+    folder = folder_of(root) / CHECKPOINTS
+    rootcheck.make_folder(folder_of(root))
+    rootcheck.make_folder(folder)
+    target = free_place(folder, name, time.time())
+    os.rename(source, target)
+    fsync_dir(folder)
+    fsync_dir(root.checkpoints)
+    log.info("checkpoint.archived", checkpoint=name, folder=f"{CHECKPOINTS}/{target.name}")
     return target
 
 
@@ -135,6 +192,8 @@ def rows(root: Root) -> list[dict[str, Any]]:
     archive = folder_of(root)
     found = []
     for folder in sorted(archive.iterdir()) if archive.is_dir() else []:
+        if folder.name == CHECKPOINTS:  # checkpoint directories archived without a job
+            continue
         try:
             state = json.loads((folder / "state.json").read_text())
             note = json.loads((folder / NOTE).read_text())
