@@ -14,7 +14,6 @@ import select
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Self
 
@@ -37,8 +36,8 @@ def job_text(job_id: str, sections: Mapping[str, Mapping[str, object]] | None = 
 
 
 def stamp(record: Record) -> float:
-    """The wall-clock seconds of a structlog record's ISO ``timestamp``."""
-    return datetime.fromisoformat(record["timestamp"]).timestamp()
+    """The wall-clock seconds of a daemon log record (its ``time``)."""
+    return float(record["time"])
 
 
 def read_events(path: Path) -> list[Record]:
@@ -72,7 +71,7 @@ def is_event(name: str, **fields: object) -> Match:
 def transition_to(job: str, *targets: str) -> Match:
     """A predicate for ``job.transition`` of ``job`` into one of ``targets``."""
     return lambda r: (
-        r.get("event") == "job.transition" and r.get("job") == job and r.get("target") in targets
+        r.get("event") == "job.transition" and r.get("job") == job and r.get("to") in targets
     )
 
 

@@ -56,7 +56,7 @@ def recovery_sample(daemon: Wardend, job_id: str, empty_cache: bool) -> Record:
     imported = need(first_time(resumed, "started"), job_id, "resumed started")
     return {
         "job": job_id,
-        "final_state": done["target"],
+        "final_state": done["to"],
         "recovery_s": first_progress - last_progress,
         "detect_s": stamp(exited) - last_progress,
         "worker_teardown_s": stamp(exited) - failed_at,

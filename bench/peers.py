@@ -164,7 +164,7 @@ def wait_settled(daemon: Wardend, job: str) -> None:
         lambda r: (
             r.get("event") == "job.transition"
             and r.get("job") == job
-            and r.get("target") in ("completed", "failed", "escalated")
+            and r.get("to") in ("completed", "failed", "escalated")
         ),
         300,
     )

@@ -92,7 +92,7 @@ def settled(job: str) -> Any:
     return lambda r: (
         r.get("event") == "job.transition"
         and r.get("job") == job
-        and r.get("target") in ("completed", "failed", "escalated")
+        and r.get("to") in ("completed", "failed", "escalated")
     )
 
 

@@ -58,10 +58,7 @@ def log_time(root: Path, event: str, attempt: int) -> float | None:
     for line in (root / "wardend.log").read_text().splitlines():
         record = json.loads(line)
         if record.get("event") == event and record.get("slurm_job") == slurm_job:
-            stamp = record["timestamp"].replace("Z", "+00:00")
-            from datetime import datetime
-
-            return datetime.fromisoformat(stamp).timestamp()
+            return float(record["time"])
     return None
 
 

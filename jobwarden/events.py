@@ -10,6 +10,7 @@ a line nested too deeply, holding NaN or a lone surrogate is malformed too
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import math
 import sys
@@ -141,6 +142,13 @@ def _finite(value: Any) -> Any:
 
 ENCODER = json.JSONEncoder(allow_nan=False)
 """`json.dumps(..., allow_nan=False)` without building an encoder for every line."""
+
+
+def iso_twin(seconds: float) -> str:
+    """The ISO 8601 twin of an epoch time, as every JSON output of jobwarden writes it beside
+    the epoch field (``<field>_iso``): UTC with its offset, to the millisecond."""
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    return moment.isoformat(timespec="milliseconds")
 
 
 def encode(kind: str, fields: Mapping[str, Any], at: float | None = None) -> str:

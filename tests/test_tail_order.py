@@ -52,7 +52,7 @@ def tail_json(daemon: Daemon, *args: str) -> list[dict[str, Any]]:
 def label(item: dict[str, Any]) -> str:
     """A line in a word: a transition's target, an output line's text, else its event."""
     if item.get("event") == "job.transition":
-        return f"-> {item['target']}"
+        return f"-> {item['to']}"
     if item.get("event") == "output":
         return str(item["line"])
     return str(item.get("event"))
@@ -60,20 +60,22 @@ def label(item: dict[str, Any]) -> str:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, compile_cache: Path) -> Iterator[Daemon]:
-    """One daemon, its programs written where a user would keep them."""
+    """One daemon, its programs written where a user would keep them, the failing one
+    submitted at once (each test of this module may run in another process)."""
     root = tmp_path_factory.mktemp("order")
     (root / "fails.py").write_text(FAILS_AT_ONCE)
     (root / "prints.py").write_text(PRINTS_SLOWLY)
     with Daemon(root / "root", compile_cache) as running:
+        job = command_job(
+            "fails", [sys.executable, str(root / "fails.py")], supervision={"max_restarts": 0}
+        )
+        running.drop("fails.toml", job)
         yield running
 
 
 def test_a_failing_attempt_is_ready_before_it_fails(daemon: Daemon) -> None:
     """ready, then starting -> running, then failed, then the exit: in tail and in tail -f,
     though the program wrote its three events in one write."""
-    program = daemon.root.parent / "fails.py"
-    job = command_job("fails", [sys.executable, str(program)], supervision={"max_restarts": 0})
-    daemon.drop("fails.toml", job)
     daemon.wait("fails", ANY_STATE, timeout=30)
     follow = subprocess.run(
         [*WARDENCTL, "--root", str(daemon.root), "tail", "fails", "-f", "-n", "1000", "--json"],

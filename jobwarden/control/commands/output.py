@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from jobwarden.control.tables import iso_time
+from jobwarden.events import iso_twin
 
 EXIT_OK = 0
 EXIT_REFUSED = 1  # the daemon is not reachable or refused the request; a check did not hold
@@ -20,8 +20,22 @@ EXIT_NO_SUCH = 4
 EXIT_BUSY = 5  # the daemon is there but did not take or answer the request in time
 
 
-TIME_KEYS = frozenset({"time", "opened", "closed", "started", "ended", "archived", "submitted"})
-"""Fields that hold epoch seconds; JSON output gives each an ISO 8601 twin, ``<key>_iso``."""
+TIME_KEYS = frozenset(
+    {
+        "time",
+        "opened",
+        "closed",
+        "started",
+        "ended",
+        "archived",
+        "submitted",
+        "created",
+        "read",
+        "last_progress_time",
+    }
+)
+"""Fields that hold epoch seconds; JSON output gives each an ISO 8601 twin, ``<key>_iso``
+(`jobwarden.events.iso_twin`: UTC, to the millisecond)."""
 
 
 def with_iso_times(data: Any) -> Any:
@@ -35,7 +49,7 @@ def with_iso_times(data: Any) -> Any:
         out[key] = with_iso_times(value)
         plain = isinstance(value, int | float) and not isinstance(value, bool)
         if key in TIME_KEYS and plain and value > 0 and f"{key}_iso" not in data:
-            out[f"{key}_iso"] = iso_time(value)
+            out[f"{key}_iso"] = iso_twin(value)
     return out
 
 

@@ -24,7 +24,7 @@ from jobwarden.control.commands.output import EXIT_OK
 from jobwarden.control.tables import iso_time, render_event
 
 FOLLOW_PAUSE_S = 0.25
-HIDDEN = frozenset({"timestamp", "time", "level", "event"})
+HIDDEN = frozenset({"timestamp", "time", "time_iso", "level", "event"})
 """Fields every line shows in its own place."""
 HIDDEN_IN_TAIL = HIDDEN | {"origin", "attempt", "job"}
 
@@ -40,11 +40,16 @@ def render_action(record: dict[str, Any]) -> str:
     attempt = record.get("attempt")
     head = f"#{attempt if attempt else '-'} {stamp} wardend {record.get('event', '?')}"
     if record.get("event") == "job.transition":
-        text = f"{record.get('source')} -> {record.get('target')}: {record.get('reason')}"
+        source, target = (
+            record.get("from", record.get("source")),
+            record.get("to", record.get("target")),
+        )
+        text = f"{source} -> {target}: {record.get('reason')}"
         return f"{head} {text}"
-    if "incident" in record and "text" in record:
+    if "incident" in record and "symptom" in record:
+        text = record.get("outcome") or record["symptom"]
         return f"{head} {record['incident']} {record.get('kind')} {record.get('status')}: " + (
-            _value(record["text"] or "-")
+            _value(text or "-")
         )
     fields = " ".join(
         f"{k}={_value(v)}"

@@ -200,8 +200,10 @@ def incident_entries(lines: list[Line]) -> list[Entry]:
     for raw, after in lines:
         record = log_record(raw)
         shown = {k: record[k] for k in INCIDENT_FIELDS if k in record}
-        text = record.get("outcome") if record.get("closed") else record.get("symptom")
-        item = {**shown, "time": record["time"], "text": text, "origin": "wardend"}
+        item = {**shown, "time": record["time"], "symptom": record.get("symptom")}
+        if record.get("closed"):
+            item["outcome"] = record.get("outcome")
+        item["origin"] = "wardend"
         found.append((item, after - len(raw) - 1))
     return found
 

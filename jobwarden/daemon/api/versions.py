@@ -10,6 +10,10 @@ in `SUPPORTED_VERSIONS`, and adds its step here (docs/protocol.md, "Versions").
 Version 1 → 2:
 - ``status`` without a job answered one object per job (``jobs``); version 2
   answers the table column by column (``columns``) unless asked for ``rows``.
+- The daemon's records in ``tail`` and ``maintail`` answers name a transition's
+  ends ``from``/``to`` (were ``source``/``target``), carry ``time_iso`` beside
+  ``time`` (was ``timestamp``, ISO with a ``Z``), and an incident's line its
+  ``symptom`` and, once closed, ``outcome`` (was one ``text``).
 """
 
 from __future__ import annotations
@@ -31,4 +35,24 @@ def upgrade(request: Request) -> Request:
 
 def downgrade(request: Request, result: Any) -> Any:
     """The newest version's answer in the shape of the request's version."""
-    return result
+    if request.version >= PROTOCOL_VERSION or not isinstance(result, dict):
+        return result
+    key = {"tail": "lines", "maintail": "records"}.get(request.cmd)
+    if key is None or not isinstance(result.get(key), list):
+        return result
+    return {**result, key: [version_1_record(item) for item in result[key]]}
+
+
+def version_1_record(item: Any) -> Any:
+    """A daemon record of a tail answer with version 1's names."""
+    if not isinstance(item, dict):
+        return item
+    older = dict(item)
+    if "from" in older and older.get("event") == "job.transition":
+        older["source"], older["target"] = older.pop("from"), older.pop("to", None)
+    if isinstance(older.get("time_iso"), str) and "v" not in older:  # not a worker event
+        older["timestamp"] = older.pop("time_iso").replace("+00:00", "Z")
+    if "incident" in older and "symptom" in older and older.get("origin") == "wardend":
+        symptom, outcome = older.pop("symptom"), older.pop("outcome", None)
+        older["text"] = outcome if outcome is not None else symptom
+    return older

@@ -28,7 +28,7 @@ from jobwarden.daemon.store.evidence import describe
 from jobwarden.daemon.store.layout import Root
 from jobwarden.daemon.store.rootcheck import PRIVATE_FILE, RootUnsafeError, open_private
 from jobwarden.errors import IncidentKind
-from jobwarden.events import step_ranges
+from jobwarden.events import iso_twin, step_ranges
 
 if TYPE_CHECKING:
     from jobwarden.daemon.store.jobs import JobRecord
@@ -270,8 +270,14 @@ class IncidentLog:
         """Write every file of the record that can be written; then raise the first refusal
         (`UnsafePathError`, a link where a file or folder belongs), else the first OSError."""
         record = incident.as_record()
-        stamp = datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
-        line = {"incident": record.pop("id"), **record, "event": event, "timestamp": stamp}
+        now = time.time()
+        line = {
+            "incident": record.pop("id"),
+            **record,
+            "event": event,
+            "time": now,
+            "time_iso": iso_twin(now),
+        }
         encoded = (json.dumps(line, default=str) + "\n").encode()
         snapshot = json.dumps(incident.as_record(), indent=2, default=str) + "\n"
 

@@ -18,7 +18,6 @@ The sinks themselves, and how each of their tries is bounded, are in `sinks`.
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import os
@@ -36,6 +35,7 @@ import structlog
 from jobwarden.daemon.config import NotifySettings
 from jobwarden.daemon.observe.sinks import ExecHook, Sink, Webhook
 from jobwarden.errors import JobwardenError
+from jobwarden.events import iso_twin
 
 if TYPE_CHECKING:
     from jobwarden.daemon.incidents.records import Incident, IncidentLog
@@ -74,8 +74,7 @@ def stamped() -> dict[str, Any]:
     """The wall time as epoch seconds, ``time``, and as ISO 8601 in UTC to the millisecond,
     ``time_iso``: the pair every jobwarden output carries."""
     now = time.time()
-    moment = datetime.datetime.fromtimestamp(now, datetime.UTC)
-    return {"time": now, "time_iso": moment.isoformat(timespec="milliseconds")}
+    return {"time": now, "time_iso": iso_twin(now)}
 
 
 def job_state_event(record: JobRecord, source: JobState | None, reason: str) -> dict[str, Any]:

@@ -203,8 +203,7 @@ class JobTable:
         log.info(
             "job.transition",
             job=record.id,
-            source=source.value,
-            target=target.value,
+            **{"from": source.value, "to": target.value},
             reason=reason,
             attempt=record.attempt,
             **fields,

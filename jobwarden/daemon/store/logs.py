@@ -20,13 +20,14 @@ import queue
 import sys
 import threading
 import time
-from datetime import UTC, datetime
+from collections.abc import MutableMapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import structlog
 
 from jobwarden.daemon.store.rootcheck import open_private
+from jobwarden.events import iso_twin
 
 QUEUE_LINES = 10_000
 """Lines a stream may fall behind (a few MB at most) before the newest are dropped."""
@@ -92,6 +93,23 @@ class LineWriter:
                 return
 
 
+Record = MutableMapping[str, Any]
+
+
+def stamp_now() -> dict[str, float | str]:
+    """``time`` (epoch seconds) and ``time_iso``, as every jobwarden record carries them."""
+    now = time.time()
+    return {"time": now, "time_iso": iso_twin(now)}
+
+
+def stamp(
+    _logger: object, _name: str, record: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """The structlog processor that stamps each record of the daemon's log (`stamp_now`)."""
+    record.update(stamp_now())
+    return record
+
+
 def dropped_record(count: int) -> str:
     """The line that stands for ``count`` lines a stream could not keep up with."""
     return (
@@ -101,7 +119,7 @@ def dropped_record(count: int) -> str:
                 "reason": f"this stream fell {QUEUE_LINES} lines behind",
                 "event": "log.dropped",
                 "level": "warning",
-                "timestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+                **stamp_now(),
             }
         )
         + "\n"
@@ -164,7 +182,7 @@ def configure(log_file: Path) -> Log:
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            stamp,
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(default=str),
         ],
