@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon import Daemon, ctl
+from tests.daemon import Daemon, ctl, linreg_job
 from tests.test_command_jobs import PLAIN, command_job
 from tests.test_multiprocess import members_record, settle, submit
 
@@ -113,3 +113,18 @@ def test_a_killed_member_is_named_in_the_symptom_runbook_tail_and_status(
         assert shown[0].split() == [
             "MEMBER", "PID", "NODE", "RSS", "STEP", "LAST", "READY", "EXIT",
         ]  # fmt: skip
+
+
+def test_a_run_resumed_at_its_end_completes_at_its_step(
+    tmp_path: Path, compile_cache: Path
+) -> None:
+    """A second job on a finished checkpoint has no update left: its status and its move to
+    completed in maintail say step 8, not 0."""
+    with Daemon(tmp_path / "root", compile_cache) as daemon:
+        daemon.drop("done.toml", linreg_job("done", "shared"))
+        assert daemon.wait("done", timeout=120)["state"] == "completed"
+        daemon.drop("again.toml", linreg_job("again", "shared"))
+        status = daemon.wait("again", timeout=120)
+        assert (status["state"], status["step"], status["steps"]) == ("completed", 8, 8)
+        [completed] = transitions_to_completed(daemon, "again")
+        assert "step=8" in completed.split()

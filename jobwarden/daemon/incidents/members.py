@@ -36,7 +36,8 @@ def consequence(member: Mapping[str, Any]) -> str:
     """What became of a member after another had failed first."""
     index = member.get("process")
     if member.get("stopped"):
-        return f"member {index} was then stopped by the daemon ({how_ended(member)})"
+        ended = member.get("exit_signal") or f"status {member.get('exit_status')}"
+        return f"member {index} was then stopped by the daemon ({ended})"
     text = f"member {index} then {how_ended(member)}"
     if member.get("peer_lost"):
         return f"{text}: the collective lost its peer"
