@@ -10,8 +10,9 @@ from pathlib import Path
 
 from jobwarden.daemon.launch.base import ExitInfo, LaunchSpec
 from jobwarden.daemon.launch.local import LocalLauncher
-from jobwarden.daemon.launch.members import EARLY_EXIT_CODE, MEMBERS_FILE, GroupAttempt
+from jobwarden.daemon.launch.members import EARLY_EXIT_CODE, GroupAttempt
 from jobwarden.events import Event
+from jobwarden.jobfolder import MEMBERS_FILE
 
 FOLLOW_BOUND_S = 20.0
 """Far more than the group's settle and stop take; far less than member 0's 60 s hang."""

@@ -203,7 +203,8 @@ def test_kill_at_each_commit_phase_resumes_from_the_last_complete_step(
 
 
 def test_status_of_a_running_two_process_job_shows_each_member(daemon: Daemon) -> None:
-    """wardenctl status JOB: one line per member, with its pid, rss, step and progress age."""
+    """wardenctl status JOB: one line per member, with its pid, rss, step and progress age;
+    once the job has ended, how each member of its newest attempt ended."""
     job = "mp-status"
     submit(daemon, job, faults={"step_delay_s": 0.5})
     detail = wait_until(
@@ -229,10 +230,11 @@ def test_status_of_a_running_two_process_job_shows_each_member(daemon: Daemon) -
         check=True,
     ).stdout
     block = text.split("members:\n", 1)[1].splitlines()
-    assert block[0].split() == ["MEMBER", "PID", "RSS", "STEP", "LAST", "READY"]
+    assert block[0].split() == ["MEMBER", "PID", "NODE", "RSS", "STEP", "LAST", "READY", "EXIT"]
     assert [line.split()[:2] for line in block[1:3]] == [["0", str(pids[0])], ["1", str(pids[1])]]
     assert settle(daemon, job)["state"] == "completed"
-    assert daemon.ask("status", job=job)["members"] is None  # nothing runs any more
+    ended = daemon.ask("status", job=job)["members"]  # nothing runs: how each member ended
+    assert [(m["pid"], m["exit_status"]) for m in ended] == [(pids[0], 0), (pids[1], 0)]
 
 
 def test_a_daemon_killed_under_a_two_process_job_leaves_no_member_of_it(

@@ -50,6 +50,11 @@ def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     )
 
 
+def progress(step: int | None, steps: int | None) -> str:
+    """``step/steps``, ``-`` for what the program does not report (``-`` alone for neither)."""
+    return "-" if step is None and steps is None else f"{cell(step)}/{cell(steps)}"
+
+
 STATUS_HEADER = ("JOB", "STATE", "ATTEMPT", "STEP", "LAST", "CKPT", "PID", "RSS", "UPTIME")
 
 
@@ -61,7 +66,7 @@ def render_status(data: dict[str, Any]) -> str:
             str(c["id"][i]),
             str(c["state"][i]),
             str(c["attempt"][i]),
-            f"{c['step'][i]}/{c['steps'][i]}",
+            progress(c["step"][i], c["steps"][i]),
             duration(c["last_progress_age_s"][i]),
             cell(c["newest_checkpoint_step"][i]),
             cell(c["pid"][i]),
@@ -105,6 +110,7 @@ def render_job(data: dict[str, Any]) -> str:
             "diverged_at_step",
             "step",
             "steps",
+            "checkpoint_every",
             "newest_checkpoint_step",
             "pid",
             "rss_mb",
@@ -123,25 +129,37 @@ def render_job(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-MEMBERS_HEADER = ("MEMBER", "PID", "RSS", "STEP", "LAST", "READY")
+MEMBERS_HEADER = ("MEMBER", "PID", "NODE", "RSS", "STEP", "LAST", "READY", "EXIT")
 
 
 def render_members(members: list[dict[str, Any]] | None) -> list[str]:
-    """A running multi-process job's members, one line each (none for a single process)."""
+    """A multi-process job's members, one line each (none for a single process): those
+    running, or how those of its newest attempt ended."""
     if not members:
         return []
     rows = [
         (
             str(m["process"]),
             cell(m.get("pid")),
+            cell(m.get("node")),
             size(m.get("rss_mb")),
             cell(m.get("step")),
             duration(m.get("progress_age_s")),
             "yes" if m.get("ready") else "no",
+            member_exit(m),
         )
         for m in members
     ]
     return ["members:", *("  " + line for line in table(MEMBERS_HEADER, rows).splitlines())]
+
+
+def member_exit(member: dict[str, Any]) -> str:
+    """How a member ended: its signal or status, ``(stopped)`` when the daemon stopped it
+    after another failed; ``-`` while it runs."""
+    ended = member.get("exit_signal") or member.get("exit_status")
+    if ended is None:
+        return "-"
+    return f"{ended} (stopped)" if member.get("stopped") else str(ended)
 
 
 def render_goodput(found: dict[str, Any] | None) -> list[str]:

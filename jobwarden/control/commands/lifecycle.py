@@ -150,7 +150,7 @@ def render_archived(rows: list[dict[str, Any]]) -> str:
             (
                 str(r.get("id") or "-"),
                 f"{r.get('state') or '?'} (archived)",
-                f"{r.get('step', '-')}/{r.get('steps', '-')}",
+                f"{r.get('step', '-')}/{r.get('steps') or '-'}",
                 when(r.get("archived")),
                 str(r.get("archived_reason") or r.get("error") or "-"),
                 f"archive/{r['folder']}",

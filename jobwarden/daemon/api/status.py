@@ -28,7 +28,7 @@ import orjson
 from jobwarden import __version__
 from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.supervise.stall import phases_status
-from jobwarden.jobfolder import ATTEMPTS
+from jobwarden.jobfolder import ATTEMPTS, attempt_folder, members_of
 from jobwarden.protocol import ControlError, Encoded
 from jobwarden.states import NEEDS_ATTENTION
 
@@ -67,8 +67,9 @@ def summary(daemon: View, record: JobRecord, now: float) -> dict[str, Any]:
         "restarts_without_progress": record.restarts_without_progress,
         "failures_in_window": failures_in_window(record, now),
         "diverged_at_step": record.diverged["step"] if record.diverged else None,
-        "step": record.step,
-        "steps": record.job.run.steps,
+        "step": step_of(record),
+        "steps": record.run_setting("steps"),
+        "checkpoint_every": record.run_setting("checkpoint_every"),
         "task": record.job.task,
         "checkpoint": record.checkpoint,
         "last_progress_age_s": progress_age(record, now),
@@ -94,8 +95,8 @@ def table_row(daemon: View, record: JobRecord, now: float) -> dict[str, Any]:
         "id": record.id,
         "state": record.state.value,
         "attempt": record.attempt,
-        "step": record.step,
-        "steps": record.job.run.steps,
+        "step": step_of(record),
+        "steps": record.run_setting("steps"),
         "newest_checkpoint_step": record.newest_checkpoint_step,
         "pid": record.pid,
         "rss_mb": record.sample.get("rss_mb") if live else None,
@@ -104,6 +105,11 @@ def table_row(daemon: View, record: JobRecord, now: float) -> dict[str, Any]:
         else None,
         "last_progress_age_s": progress_age(record, now),
     }
+
+
+def step_of(record: JobRecord) -> int | None:
+    """The job's step; None for a plain program, which reports none."""
+    return record.step if record.job.emits_events else None
 
 
 def failures_in_window(record: JobRecord, now: float) -> int:
@@ -115,6 +121,18 @@ def failures_in_window(record: JobRecord, now: float) -> int:
 def progress_age(record: JobRecord, now: float) -> float | None:
     """Seconds since the job's last progress, to the millisecond; None before any."""
     return round(now - record.last_progress, 3) if record.last_progress else None
+
+
+def members_now(daemon: View, record: JobRecord) -> list[dict[str, Any]] | None:
+    """A multi-process job's members: those running, else how those of its newest attempt
+    ended (``members.json``); None for a single process."""
+    if daemon.is_live(record.id):
+        found: list[dict[str, Any]] | None = record.sample.get("members")
+        return found
+    if not record.attempt:
+        return None
+    ended = members_of(attempt_folder(daemon.root.job(record.id), record.attempt))
+    return ended.get("members") if ended else None
 
 
 def phases_of(daemon: View, record: JobRecord) -> dict[str, Any]:
@@ -241,7 +259,7 @@ def status(daemon: View, args: dict[str, Any], rows: StatusRows | None = None) -
             "goodput": daemon.incidents.traces.goodput(
                 daemon.root.jobs / record.id, record.history, now
             ).as_record(),
-            "members": record.sample.get("members") if daemon.is_live(record.id) else None,
+            "members": members_now(daemon, record),
             "phases": phases_of(daemon, record),
             "history": record.history,
             "request": record.job.to_record(),

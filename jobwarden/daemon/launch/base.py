@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -136,6 +137,11 @@ class RunningAttempt(abc.ABC):
         """The kernel's start time of the main process, to recognise it after a restart."""
         return None
 
+    @property
+    def node(self) -> str | None:
+        """The host the attempt runs on: this one, unless a launcher places it elsewhere."""
+        return socket.gethostname()
+
     def sample(self) -> dict[str, Any]:
         """Resource figures (rss_mb, cpu_percent, status, threads, cpu_s), where known."""
         return {}
@@ -143,6 +149,11 @@ class RunningAttempt(abc.ABC):
     def members_view(self) -> dict[str, Any]:
         """For an attempt of several processes: each member, those not yet ready
         (``missing``) and the one the others wait for (``stalled_member``); else empty."""
+        return {}
+
+    def member_pids(self) -> dict[str, Any]:
+        """For an attempt of several processes, ``members``: each one's index and pid (for
+        the ``attempt.started`` log record); else empty."""
         return {}
 
     def _ended(self, info: ExitInfo) -> ExitInfo:

@@ -31,12 +31,12 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from jobwarden.daemon.launch.base import ExitInfo, LaunchSpec, OnEvent, OnMalformed, RunningAttempt
 from jobwarden.daemon.store import evidence
 from jobwarden.events import Event, Malformed
+from jobwarden.jobfolder import MEMBERS_FILE, member_file
 from jobwarden.proof.replay import ReplayPlan
 from jobwarden.sdk.distributed import COORDINATOR_ENV, PROCESS_ID_ENV, PROCESSES_ENV
 
@@ -45,7 +45,6 @@ MEMBER_STOP_GRACE_S = 3.0
 MEMBER_SETTLE_S = 0.5
 """How long after a member's failure the others may end on their own before they are stopped:
 the member that failed first is told from those whose collective it broke."""
-MEMBERS_FILE = "members.json"
 EARLY_EXIT_CODE = "member.exited_early"
 """The code of the failure of a member that exited 0 before it completed."""
 PEER_LOST_MARKS = ("Gloo", "Connection reset by peer", "Connection closed", "coordination service")
@@ -53,14 +52,6 @@ PEER_LOST_MARKS = ("Gloo", "Connection reset by peer", "Connection closed", "coo
 
 Spawn = Callable[[LaunchSpec, str], Awaitable[RunningAttempt]]
 """Start one member: its spec, and the name of its stderr file in the attempt folder."""
-
-
-def member_file(name: str, index: int) -> str:
-    """Member ``index``'s copy of an attempt file: ``events.jsonl`` -> ``events.1.jsonl``."""
-    if index == 0:
-        return name
-    stem, dot, suffix = name.partition(".")
-    return f"{stem}.{index}{dot}{suffix}"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -101,11 +92,13 @@ class Member:
         return {
             "process": self.index,
             "pid": self.running.pid,
+            "node": self.running.node,
             "rss_mb": self.running.sample().get("rss_mb"),
             "ready": self.ready,
             "step": max(self.step, 0),
             "progress_age_s": age,
             "exit_status": None if info is None else info.status,
+            "exit_signal": None if info is None else info.signal,
             "replay_checks": len(self.checks),
             "replay_ok": all(c["ok"] for c in self.checks),
         }
@@ -173,14 +166,30 @@ class GroupAttempt(RunningAttempt):
         out["members"] = self.members_view()["members"]
         return out
 
+    def member_pids(self) -> dict[str, Any]:
+        """Every member's index and pid."""
+        return {"members": [{"process": m.index, "pid": m.running.pid} for m in self.members]}
+
     def members_view(self) -> dict[str, Any]:
         """Every member's line, which are missing (not ready) and which one lags the rest."""
         now = time.monotonic()
         missing = [m.index for m in self.members if not m.ready]
         alive = [m for m in self.members if m.running.exit_info is None]
         lagging = min(alive or self.members, key=_lag_order).index
+        alone = dict(self._ends)
+        lines = []
+        for member in self.members:
+            failure = self._failures.get(member.index)
+            lines.append(
+                {
+                    **member.view(now),
+                    "stopped": None if member.index not in alone else not alone[member.index],
+                    "failure": None if failure is None else failure.get("code"),
+                    "peer_lost": _peer_lost(failure),
+                }
+            )
         return {
-            "members": [m.view(now) for m in self.members],
+            "members": lines,
             "missing": missing,
             "stalled_member": missing[0] if missing else lagging,
             "failed_member": self.failed_member,
@@ -205,8 +214,9 @@ class GroupAttempt(RunningAttempt):
         await asyncio.gather(*(self._follow(m, on_malformed) for m in self.members))
         self.failed_member = self._first_failure()
         if self.failed_member is not None:
-            failure = self._failures.get(self.failed_member) or _early_exit(self.failed_member)
-            on_event(Event(failure.kind, {**failure.fields, "process": self.failed_member}))
+            failure = self._failures.get(self.failed_member) or self._early_exit()
+            if failure is not None:  # a member killed by a signal reported nothing
+                on_event(Event(failure.kind, {**failure.fields, "process": self.failed_member}))
         evidence.keep(
             self.spec.folder / MEMBERS_FILE, json.dumps(self.members_view(), indent=2) + "\n"
         )
@@ -305,6 +315,12 @@ class GroupAttempt(RunningAttempt):
             event = self._held.pop(0)
             self._forward(self._replaced.pop(event["step"], event))
 
+    def _early_exit(self) -> Event | None:
+        """The failure of the member blamed when it exited 0 before it completed."""
+        index = self.failed_member
+        info = None if index is None else self.members[index].running.exit_info
+        return None if index is None or info is None or info.status != 0 else _exit_0(index)
+
 
 def _failed(member: Member, emits_events: bool) -> bool:
     """Whether an ended member failed: a status other than 0, or (for members that report
@@ -313,7 +329,7 @@ def _failed(member: Member, emits_events: bool) -> bool:
     return info is None or info.status != 0 or (emits_events and not member.completed)
 
 
-def _early_exit(index: int) -> Event:
+def _exit_0(index: int) -> Event:
     """The failure of member ``index``, which exited 0 before it completed."""
     message = f"member {index} exited with status 0 before it completed"
     return Event("failed", {"code": EARLY_EXIT_CODE, "message": message, "exit_status": 0})
@@ -328,12 +344,3 @@ def _peer_lost(failure: Event | None) -> bool:
 def _lag_order(member: Member) -> tuple[int, float]:
     """Lowest step first, then the oldest progress: the member the others wait for."""
     return (member.step, member.progress_at or 0.0)
-
-
-def members_of(folder: Path) -> dict[str, Any] | None:
-    """The ``members.json`` of an ended attempt's folder, if it was a group."""
-    try:
-        loaded: dict[str, Any] = json.loads((folder / MEMBERS_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return loaded

@@ -28,6 +28,7 @@ import structlog
 
 from jobwarden.daemon.store.evidence import describe
 from jobwarden.daemon.store.layout import Root
+from jobwarden.daemon.store.programrun import run_value
 from jobwarden.files import (
     PENDING_SUFFIX,
     UnsafePathError,
@@ -82,6 +83,12 @@ class JobRecord:
     """The name the request arrived under in spool/incoming."""
     error: str | None = None
     """Why the daemon refused to go on with the job (an unsafe path), when it did."""
+    program_run: dict[str, int] | None = None
+    """The ``steps`` and ``checkpoint_every`` the program reported in its ``started`` event."""
+
+    def run_setting(self, name: str) -> int | None:
+        """``steps`` or ``checkpoint_every`` of the job's run (`run_value`); None if unknown."""
+        return run_value(self.job, self.program_run, name)
 
     @property
     def checkpoint(self) -> str:
@@ -94,7 +101,7 @@ class JobRecord:
         record.pop("job")
         record["state"] = self.state.value
         record["checkpoint"] = self.checkpoint
-        record["steps"] = self.job.run.steps
+        record["steps"] = self.run_setting("steps")
         record["task"] = self.job.task
         return record
 

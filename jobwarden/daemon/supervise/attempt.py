@@ -181,7 +181,11 @@ class Attempt:
         self.last_event = {k: v for k, v in event.fields.items() if k != "components"}
         kind = event.kind
         self.stall.observe(event)
-        if kind == "progress":
+        if kind in ("ready", "completed") and isinstance(event.get("step"), int):
+            self.record.step = event["step"]  # a resumed run may end with no new update
+        if kind == "started":
+            self.record.program_run = reported_run(event) or self.record.program_run
+        elif kind == "progress":
             self.last_progress = self.last_event
             self.mark_cpu()
         elif kind == "checkpoint":
@@ -219,6 +223,14 @@ class Attempt:
         self.stop_reason = reason
         return True
 
+    def killed_from_outside(self) -> str | None:
+        """The signal that ended the attempt if the daemon did not stop it and it reported
+        no failure."""
+        info = self.running.exit_info
+        if info is None or self.stop_reason is not None or self.failure is not None:
+            return None
+        return info.signal
+
     def report(self) -> AttemptReport:
         """What the policy is told about this attempt."""
         failure = self.failure
@@ -234,10 +246,23 @@ class Attempt:
             external_checkpoints=self.restored is not None and self.restored[1],
             committed_step=self.checkpoint[0] if self.checkpoint is not None else None,
             last_step=self.last_progress["step"] if self.last_progress is not None else None,
-            checkpoint_every=self.record.job.run.checkpoint_every,
+            checkpoint_every=self.record.run_setting("checkpoint_every") or 1,
             events_seen=self.last_event is not None,
             stray_lines=self.malformed.seen if self.malformed is not None else 0,
         )
+
+
+def reported_run(event: Event) -> dict[str, int] | None:
+    """The ``steps`` and ``checkpoint_every`` a ``started`` event's ``run`` holds, if any."""
+    run = event.get("run")
+    if not isinstance(run, dict):
+        return None
+    found = {k: run[k] for k in RUN_REPORTED if isinstance(run.get(k), int)}
+    return found or None
+
+
+RUN_REPORTED = ("steps", "checkpoint_every")
+"""The program's own settings the daemon keeps in the job's record."""
 
 
 # ---- malformed lines

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from jobwarden.checkpoint.store import CheckpointStore
+from jobwarden.daemon.incidents import members
 from jobwarden.daemon.incidents.records import Incident
 from jobwarden.daemon.launch.base import ExitInfo
 from jobwarden.daemon.store.jobs import JobRecord
@@ -26,7 +27,8 @@ from jobwarden.daemon.supervise.stallevidence import STALL_KILL_GRACE_S
 from jobwarden.daemon.supervise.verification import ReplayVerifier
 from jobwarden.errors import IncidentKind
 from jobwarden.events import Event
-from jobwarden.jobfolder import EVENTS_FILE, OUTPUT_FILE
+from jobwarden.jobfolder import EVENTS_FILE, OUTPUT_FILE, member_file
+from jobwarden.jobfolder import STDERR_FILE as STDERR
 from jobwarden.proof.replay import ReplayPlan
 from jobwarden.states import JobState
 
@@ -177,19 +179,12 @@ def symptom(attempt: Attempt, info: ExitInfo, kind: IncidentKind) -> str:
         if failure is not None
         else " without a failed event"
     )
+    told = members.first_failure(attempt.running.members_view())
     return (
         f"Attempt {attempt.number} of job {record.id} ({record.job.label()}) {how}{what} "
         f"after {info.duration_s:.2f} s; its last event was {last.get('event')} at step "
-        f"{last.get('step')}."
+        f"{last.get('step')}." + (f" {told}" if told else "")
     )
-
-
-def killed_from_outside(attempt: Attempt) -> str | None:
-    """The signal that ended an attempt the daemon did not stop and that reported no failure."""
-    info = attempt.running.exit_info
-    if info is None or attempt.stop_reason is not None or attempt.failure is not None:
-        return None
-    return info.signal
 
 
 def prevention(attempt: Attempt, kind: IncidentKind, incident: Incident) -> list[str]:
@@ -212,7 +207,7 @@ def prevention(attempt: Attempt, kind: IncidentKind, incident: Incident) -> list
             "program's (what its recovery found is the program's own); keep [faults] out "
             "of production job files."
         )
-    elif kind is K.CRASH and (killed := killed_from_outside(attempt)) is not None:
+    elif kind is K.CRASH and (killed := attempt.killed_from_outside()) is not None:
         rss = attempt.sample.get("rss_mb", "an unknown number of")
         lines.append(
             f"It was killed by {killed}, not by the daemon: a signal leaves no traceback. "
@@ -236,13 +231,16 @@ def prevention(attempt: Attempt, kind: IncidentKind, incident: Incident) -> list
             f"Raise [supervision] max_rss_mb (now {job.supervision.max_rss_mb}) "
             "or shrink the state."
         )
+    view = attempt.running.members_view()
+    if (first := view.get("failed_member")) is not None:
+        lines.append(members.runbook_line(first, attempt.folder / member_file(STDERR, first)))
     last = incident.boundary.get("last_logged_step") or 0
     saved = incident.boundary.get("checkpoint_step") or 0
     if last > saved:
         lines.append(
             f"{last - saved} update(s) past the newest checkpoint had to be "
-            f"replayed; checkpoint_every = {job.run.checkpoint_every} bounds that "
-            "loss, lower it if replay costs too much."
+            f"replayed; checkpoint_every = {attempt.record.run_setting('checkpoint_every')} "
+            "bounds that loss, lower it if replay costs too much."
         )
     return lines
 

@@ -49,7 +49,8 @@ def complete(
             else " The program then exited 0: the job completed."
         )
         s.incidents.write(verifier.incident, "incident.job_completed")
-    s.table.transition(record, S.COMPLETED, outcome.reason, step=record.step)
+    step = {"step": record.step} if record.job.emits_events else {}  # a plain one has none
+    s.table.transition(record, S.COMPLETED, outcome.reason, **step)
 
 
 def start_plain(

@@ -135,6 +135,7 @@ class JobSupervisor:
             job=record.id,
             attempt=number,
             pid=running.pid,
+            **running.member_pids(),
             launcher=s.launcher.name,
             recovery=verifier is not None,
         )

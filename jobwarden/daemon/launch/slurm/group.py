@@ -54,6 +54,11 @@ class SlurmTask(RunningAttempt):
         """The member runs on a node: the daemon holds no pid of it."""
         return None
 
+    @property
+    def node(self) -> str | None:
+        """A node of the Slurm job, which the daemon is not told."""
+        return None
+
     def sample(self) -> dict[str, Any]:
         """The job's Slurm state (the members share it)."""
         return self.watch.sample()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from jobwarden.daemon.config import SlurmOptions
 from jobwarden.daemon.launch.base import LaunchSpec
-from jobwarden.daemon.launch.members import member_file
+from jobwarden.jobfolder import member_file
 from jobwarden.sdk.distributed import COORDINATOR_ENV, PROCESS_ID_ENV, PROCESSES_ENV
 from jobwarden.sections import SlurmSection
 
