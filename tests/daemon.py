@@ -8,12 +8,14 @@ attempt's events strictly: every line a worker wrote must be JSON.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from typing import Any
 
 from jobwarden.control.harness import SETTLED_STATES, Wardend, job_text
 from jobwarden.states import JobState
+from tests import schemas
 
 __all__ = ["ANY_STATE", "SETTLED_STATES", "WARDENCTL", "Daemon", "ctl", "linreg_job"]
 
@@ -25,20 +27,36 @@ WARDENCTL = [sys.executable, "-m", "jobwarden.control.cli"]
 
 
 def ctl(daemon: Daemon, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """wardenctl --root ROOT ARGS."""
-    return subprocess.run(
+    """wardenctl --root ROOT ARGS; a ``--json`` output is checked against its schema."""
+    done = subprocess.run(
         [*WARDENCTL, "--root", str(daemon.root), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
     )
+    if done.returncode in (0, 3):  # 3: status found a job needing attention
+        schemas.check_cli(list(args), done.stdout, str(daemon.root))
+    return done
 
 
 class Daemon(Wardend):
     """One wardend process; `drop` submits a job file, `wait` polls its state over the socket."""
 
     start_timeout_s = 30.0
+
+    def ask(self, cmd: str, timeout: float = 10.0, **args: Any) -> Any:
+        """One control request; its answer is checked against the command's schema."""
+        answer = super().ask(cmd, timeout, **args)
+        schemas.check_answer(cmd, answer, str(self.root))
+        return answer
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float | None = None) -> int | None:
+        """Stop the daemon as the harness does, then check what it wrote (`schemas`)."""
+        status = super().stop(sig, timeout)
+        if status is not None:
+            schemas.check_root(self.root)
+        return status
 
     def state(self, job: str) -> dict[str, Any]:
         """The job's detail status (ControlError for a job the daemon does not know)."""

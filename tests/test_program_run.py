@@ -29,7 +29,7 @@ def table_line(daemon: Daemon, job: str) -> list[str]:
 def transitions_to_completed(daemon: Daemon, job: str) -> list[str]:
     """The ``maintail`` lines of the job's move to completed."""
     shown = ctl(daemon, "maintail", "-n", "2000").stdout.splitlines()
-    return [line for line in shown if f"job={job} " in line and "target=completed" in line]
+    return [line for line in shown if f"job={job} " in line and "to=completed" in line]
 
 
 def test_an_sdk_program_s_own_steps_and_checkpoint_every_are_shown_and_kept(
