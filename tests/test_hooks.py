@@ -17,6 +17,7 @@ import pytest
 
 from jobwarden.daemon.observe.hooks import Channel
 from jobwarden.daemon.observe.sinks import DeliveryError, environment_of
+from tests import schemas
 from tests.daemon import Daemon, linreg_job
 from tests.helpers import wait_until
 
@@ -166,6 +167,8 @@ def test_exec_hook_hears_every_transition_and_the_incident(
             what="the hook told of the completion",
         )
     events = [g["event"] for g in got]
+    for number, event in enumerate(events):
+        schemas.check("notify.schema.json", event, f"the hook's event {number}")
     states = [(e["from"], e["to"]) for e in events if e["event"] == "job.state"]
     assert states[0] == (None, "queued")
     assert states[1] == ("queued", "starting")
@@ -258,6 +261,8 @@ def test_webhook_receives_each_state_change_as_json(
         "running",
         "completed",
     ]
+    for number, event in enumerate(receiver.events()):
+        schemas.check("notify.schema.json", event, f"the webhook's event {number}")
     assert {"event", "schema", "time", "time_iso", "job", "from", "to", "reason", "attempt"} == set(
         first
     )
