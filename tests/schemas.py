@@ -37,6 +37,26 @@ ANSWERS = {
         "required": ["records", "cursor"],
         "properties": {"records": {"type": "array", "items": {"$ref": "daemon-log.schema.json"}}},
     },
+    "inspect": "inspect.schema.json",
+    **{
+        cmd: {"$ref": f"answers.schema.json#/$defs/{name}"}
+        for cmd, name in {
+            "runbook": "runbook",
+            "events": "events",
+            "submit": "submit",
+            "stop": "stop",
+            "cancel": "results",
+            "restart": "results",
+            "remove": "results",
+            "archive_checkpoint": "archive_checkpoint",
+            "signal": "signal",
+            "archived": "archived",
+            "rejected": "rejected",
+            "verify": "verify",
+            "metrics": "metrics",
+            "version": "version",
+        }.items()
+    },
 }
 """The schema of each command's answer (protocol version 2), by command."""
 
