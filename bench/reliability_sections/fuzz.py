@@ -22,7 +22,7 @@ from jobwarden.control.harness import job_text
 from jobwarden.errors import JobFileError
 from jobwarden.events import Event, Malformed, parse_line
 from jobwarden.jobfile import job_from_bytes
-from jobwarden.protocol import ControlError, parse_request
+from jobwarden.protocol import SUPPORTED_VERSIONS, ControlError, parse_request
 from jobwarden.worker.command import worker_argv
 
 from .common import Record, Section
@@ -318,7 +318,8 @@ def fuzz_daemon(
             except OSError as error:
                 lines.crash(line, error)
                 return
-            if answer is None or answer.get("v") != 1 or not isinstance(answer.get("ok"), bool):
+            speaks = answer is not None and answer.get("v") in SUPPORTED_VERSIONS
+            if answer is None or not speaks or not isinstance(answer.get("ok"), bool):
                 lines.crash(line, f"answer outside the protocol: {answer!r:.200}")
             elif answer["ok"]:
                 lines.kinds["ok"] += 1

@@ -250,7 +250,11 @@ class IncidentLog:
         except OSError as error:
             self.unwritten[incident.id] = incident
             log.error(
-                "incident.write_failed", incident=incident.id, record=event, error=describe(error)
+                "incident.write_failed",
+                job=incident.job,
+                incident=incident.id,
+                record=event,
+                error=describe(error),
             )
         else:
             self.unwritten.pop(incident.id, None)
