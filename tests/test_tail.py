@@ -93,6 +93,7 @@ def test_daemon_actions_are_interleaved_in_time(live: Daemon) -> None:
     times = [item.get("read", item["time"]) for item in items]  # on the daemon's clock
     assert times == sorted(times)
     assert all("read" in item for item in items if item.get("origin") != "wardend")
+    assert all("time_iso" in item for item in items if "time" in item)  # the ISO twin
     ours = [(i.get("attempt"), i.get("event")) for i in items if i.get("origin") == "wardend"]
     assert (1, "attempt.exited") in ours
     assert (2, "attempt.started") in ours
@@ -186,6 +187,8 @@ def test_maintail_is_readable(live: Daemon) -> None:
     assert level in ("INFO", "WARNING", "ERROR", "DEBUG")
     records = [json.loads(line) for line in lines(live, "maintail", "-n", "500", "--json")]
     assert "wardend.ready" in [r.get("event") for r in records]
+    assert all(isinstance(r["time"], float) and "time_iso" in r for r in records)
+    assert not [r for r in records if "timestamp" in r or "source" in r or "target" in r]
     started = time.monotonic()
     follow = subprocess.Popen(
         [*INTERRUPTIBLE, "--root", str(live.root), "maintail", "-f", "-n", "1"],

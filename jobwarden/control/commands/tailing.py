@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from jobwarden.control.commands.daemon import RESTING_STATES, ask
-from jobwarden.control.commands.output import EXIT_OK
+from jobwarden.control.commands.output import EXIT_OK, with_iso_times
 from jobwarden.control.tables import iso_time, render_event
 
 FOLLOW_PAUSE_S = 0.25
@@ -113,7 +113,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
 def _format(item: dict[str, Any], args: argparse.Namespace, shown: list[Any]) -> str:
     if args.json:
-        return json.dumps(item)
+        return json.dumps(with_iso_times(item))
     if not args.stderr:
         return render_line(item)
     if shown[0] != item["attempt"]:
@@ -127,7 +127,8 @@ def cmd_maintail(args: argparse.Namespace) -> int:
     data = ask(args, "maintail", lines=args.lines)
     while True:
         for record in data["records"]:
-            sys.stdout.write((json.dumps(record) if args.json else render_record(record)) + "\n")
+            shown = json.dumps(with_iso_times(record)) if args.json else render_record(record)
+            sys.stdout.write(shown + "\n")
         sys.stdout.flush()
         if not args.follow:
             return EXIT_OK
