@@ -52,7 +52,8 @@ def main() -> None:
         every = run.checkpoint_every
         options = ocp.CheckpointManagerOptions(max_to_keep=run.keep_checkpoints)
         directory = run.checkpoint_dir or Path("checkpoints").absolute()
-        with ocp.CheckpointManager(directory, options=options) as manager:
+        # run.checkpointer: a save in flight is waited for whenever the run stops
+        with run.checkpointer(ocp.CheckpointManager(directory, options=options)) as manager:
             state, saved = trainer.init_state, manager.latest_step()
             if saved is not None:
                 state = manager.restore(saved, args=ocp.args.StandardRestore(state))
