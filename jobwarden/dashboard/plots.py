@@ -109,7 +109,8 @@ def timeline_svg(history: Sequence[Transition], now: float) -> Markup:
             parts.append(
                 f'<a href="/incident/{name}"><path class="incident" '
                 f'd="M{x0:.1f},{top + band + 2} l-6,12 h12 z"><title>incident {name}</title>'
-                f'</path><text class="tick" x="{x0 + 8:.1f}" y="{top + band + 14}">{name}</text>'
+                f'</path><text class="tick{" end" if x0 > WIDTH - 90 else ""}" '
+                f'x="{x0 + (-8 if x0 > WIDTH - 90 else 8):.1f}" y="{top + band + 14}">{name}</text>'
                 "</a>"
             )
     parts.append(
