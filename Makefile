@@ -35,6 +35,7 @@ bench: setup
 	$(BIN)/python bench/daemon.py
 	$(BIN)/python bench/control.py
 	$(BIN)/python bench/sdk.py
+	$(BIN)/python bench/dashboard.py
 	$(BIN)/python bench/summary.py
 
 constraints: setup
