@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from jobwarden.dashboard.drills import Drills
 from jobwarden.dashboard.server import Dashboard
 from jobwarden.dashboard.source import Source
 from tests.browser import SHOTS, chrome
@@ -234,3 +235,34 @@ def test_one_status_request_per_second(daemon: Daemon) -> None:
         server.server_close()
     assert asked[0] > 100
     assert 1 <= server.source.requests <= 5
+
+
+@pytest.mark.slow
+def test_drill_page(chrome: Any, daemon: Daemon, tmp_path: Path) -> None:
+    """A crash drill's evidence folder shows its verdict, its checks and the resumed loss
+    drawn over the reference's."""
+    out = tmp_path / "evidence"
+    done = subprocess.run(
+        [*WARDENCTL, "drill", "crash", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    server = Dashboard(("127.0.0.1", 0), Source(daemon.root / "control.sock"), Drills((out,)))
+    serving = threading.Thread(target=server.serve)
+    serving.start()
+    try:
+        chrome.get(server.url)
+        chrome.get(base(server.url) + "/drill/crash")
+        chrome.save_screenshot(str(SHOTS / "drill.png"))
+        assert text_of(chrome, "#drill-verdict") == "pass"
+        assert chrome.find_elements("css selector", "table.checks tr.ok")
+        assert chrome.find_elements("css selector", "svg.loss g.reference circle")
+        assert chrome.find_elements("css selector", "svg.loss g.series circle")
+        assert text_of(chrome, "article.runbook h1").startswith("Incident")
+    finally:
+        server.shutdown()
+        serving.join()
+        server.server_close()
