@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,examples]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,examples,dashboard]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -26,7 +26,7 @@ lint: setup
 	$(BIN)/mypy
 
 bench: setup
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,examples,bench]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,examples,dashboard,bench]'
 	$(BIN)/python bench/recovery.py
 	$(BIN)/python bench/async_commit.py
 	$(BIN)/python bench/peers.py
@@ -35,10 +35,11 @@ bench: setup
 	$(BIN)/python bench/daemon.py
 	$(BIN)/python bench/control.py
 	$(BIN)/python bench/sdk.py
+	$(BIN)/python bench/dashboard.py
 	$(BIN)/python bench/summary.py
 
 constraints: setup
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,examples,bench]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,plot,examples,dashboard,bench]'
 	{ head -n 2 constraints.txt; $(BIN)/pip freeze --exclude-editable | sort -f; } > constraints.new
 	mv constraints.new constraints.txt
 

@@ -105,6 +105,7 @@ ROOMS: dict[str, str] = {
     "jobwarden.sdk": "sdk",
     "jobwarden.worker": "worker",
     "jobwarden.control": "control",
+    "jobwarden.dashboard": "dashboard",
     "jobwarden.daemon": "daemon",  # the package's __init__ alone
     "jobwarden.daemon.cli": "daemon.cli",
     "jobwarden.daemon.__main__": "daemon.cli",
@@ -157,8 +158,13 @@ ALLOWED: dict[str, frozenset[str]] = {
     # sdk/ and worker/: runtime, checkpoint, proof; never daemon/ or control/
     "sdk": rooms("runtime", "job", "statetree", "checkpoint", "proof"),
     "worker": rooms("runtime", "job", "statetree", "checkpoint", "proof", "sdk"),
-    # control/: protocol and proof (the drills also build job and run files); never daemon/
-    "control": rooms("runtime", "protocol", "job", "checkpoint", "proof", "sdk", "worker"),
+    # control/: protocol and proof (the drills also build job and run files); never daemon/;
+    # cli.py starts the dashboard (imported only when that command runs)
+    "control": rooms(
+        "runtime", "protocol", "job", "checkpoint", "proof", "sdk", "worker", "dashboard"
+    ),
+    # dashboard/: reads the daemon through control's client alone; never daemon/
+    "dashboard": rooms("protocol", "job", "control"),
     # the daemon never imports control/: the two share protocol.py alone
     "daemon": rooms(),
     "daemon.config": rooms(),

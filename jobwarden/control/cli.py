@@ -246,6 +246,24 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--values", action="store_true", help="include the arrays of small states")
     inspect.set_defaults(func=cmd_inspect)
 
+    dashboard = command(
+        "dashboard",
+        help="serve a read-only web dashboard on loopback; prints its URL with a token",
+    )
+    dashboard.add_argument(
+        "--listen",
+        default="127.0.0.1:8765",
+        metavar="HOST:PORT",
+        help="a loopback address and port (port 0: any free one)",
+    )
+    dashboard.add_argument(
+        "--drills",
+        action="append",
+        metavar="OUT",
+        help="a drill evidence folder (wardenctl drill --out OUT) to show; may be repeated",
+    )
+    dashboard.set_defaults(func=_dashboard)
+
     version = command("version", help="print the version")
     version.add_argument("--json", action="store_true")
     version.set_defaults(func=cmd_version)
@@ -282,6 +300,19 @@ def _drill(args: argparse.Namespace) -> int:
     if args.launcher is not None:
         os.environ["JOBWARDEN_DRILL_LAUNCHER"] = args.launcher
     return cmd_drill(args)
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    """``wardenctl dashboard``: the web pages live in their own room, an optional extra."""
+    try:
+        from jobwarden.dashboard.command import cmd_dashboard
+    except ImportError as error:
+        sys.stderr.write(
+            f"wardenctl: the dashboard needs the 'dashboard' extra "
+            f"(pip install 'jobwarden[dashboard]'): {error}\n"
+        )
+        return EXIT_REFUSED
+    return cmd_dashboard(args)
 
 
 def main(argv: list[str] | None = None) -> int:
