@@ -79,8 +79,14 @@ def visit(chrome: Any, url: str, path: str, shot: str) -> Any:
 
 
 def text_of(chrome: Any, selector: str) -> str:
-    """The text of the element the CSS selector finds."""
-    return str(chrome.find_element("css selector", selector).text)
+    """The text of the element the CSS selector finds ("" when the live update replaced the
+    element between finding it and reading it: the next poll reads the new one)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        return str(chrome.find_element("css selector", selector).text)
+    except StaleElementReferenceException:
+        return ""
 
 
 def fetch(url: str, cookie: str | None = None) -> tuple[int, Any]:
