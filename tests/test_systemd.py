@@ -77,13 +77,21 @@ def test_unit_verifies_cleanly(rendered_unit: Path) -> None:
     assert done.stderr.strip() == ""
 
 
+def exposure(unit: Path) -> tuple[float, str]:
+    """systemd-analyze security --offline's overall score of ``unit`` (its drop-ins read in),
+    and the scan's text."""
+    done = analyze("security", "--offline=true", "--threshold=20", str(unit))
+    assert done.returncode == 0, done.stdout[-2000:]
+    found = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", done.stdout)
+    assert found is not None, done.stdout[-2000:]
+    return float(found.group(1)), done.stdout
+
+
 def test_unit_exposure_is_at_most_2(rendered_unit: Path) -> None:
     """systemd-analyze security --offline scores the unit at 2.0 or less."""
-    done = analyze("security", "--offline=true", "--threshold=20", str(rendered_unit))
-    assert done.returncode == 0, done.stdout[-2000:]
-    score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", done.stdout).group(1))
+    score, scan = exposure(rendered_unit)
     assert score <= 2.0
-    assert "MemoryDenyWriteExecute=" in done.stdout
+    assert "MemoryDenyWriteExecute=" in scan
 
 
 def home_drop_in() -> str:
@@ -101,16 +109,16 @@ def test_the_home_drop_in_of_the_docs_verifies_and_keeps_the_score(
     """The documented drop-in, beside the unit as systemctl edit puts it: systemd-analyze
     verify reports nothing, the security scan sees its ProtectHome=tmpfs, and the exposure
     stays what the unit's is."""
+    alone, _ = exposure(rendered_unit)
     drop_ins = rendered_unit.parent / "wardend.service.d"
     drop_ins.mkdir()
     (drop_ins / "override.conf").write_text(home_drop_in())
     done = analyze("verify", str(rendered_unit))
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == ""
-    scan = analyze("security", "--offline=true", "--threshold=20", str(rendered_unit))
-    assert "fake empty home directories" in scan.stdout  # ProtectHome=tmpfs, read in
-    score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", scan.stdout).group(1))
-    assert score <= 0.5
+    score, scan = exposure(rendered_unit)
+    assert "fake empty home directories" in scan  # ProtectHome=tmpfs, read in
+    assert score == alone
 
 
 def test_unit_settings_the_daemon_relies_on() -> None:
