@@ -94,13 +94,18 @@ def test_unit_exposure_is_at_most_2(rendered_unit: Path) -> None:
     assert "MemoryDenyWriteExecute=" in scan
 
 
-def home_drop_in() -> str:
-    """The drop-in docs/deploy.md gives for code under /home (its ini block)."""
+def drop_in(heading: str) -> str:
+    """The drop-in docs/deploy.md gives after ``heading`` (its first ini block)."""
     text = (PROJECT / "docs" / "deploy.md").read_text()
-    section = text[text.index("**Code under `/home`.**") :]
+    section = text[text.index(heading) :]
     found = re.search(r"```ini\n(.*?)```", section, re.DOTALL)
-    assert found is not None, "docs/deploy.md has no drop-in block for /home"
+    assert found is not None, f"docs/deploy.md has no drop-in block after {heading}"
     return found.group(1)
+
+
+def home_drop_in() -> str:
+    """The drop-in docs/deploy.md gives for code under /home."""
+    return drop_in("**Code under `/home`.**")
 
 
 def test_the_home_drop_in_of_the_docs_verifies_and_keeps_the_score(
@@ -119,6 +124,41 @@ def test_the_home_drop_in_of_the_docs_verifies_and_keeps_the_score(
     score, scan = exposure(rendered_unit)
     assert "fake empty home directories" in scan  # ProtectHome=tmpfs, read in
     assert score == alone
+
+
+def test_the_network_drop_in_of_the_docs_verifies_and_stays_at_most_2(
+    rendered_unit: Path,
+) -> None:
+    """The documented network drop-in (a Slurm controller, a webhook host, a scraper): verify
+    reports nothing, the scan reads its PrivateNetwork=no and its non-loopback allow-list,
+    and the exposure stays at 2.0 or less."""
+    alone, scan = exposure(rendered_unit)
+    assert "Service has no access to the host's network" in scan
+    drop_ins = rendered_unit.parent / "wardend.service.d"
+    drop_ins.mkdir()
+    (drop_ins / "network.conf").write_text(drop_in("**The network drop-in.**"))
+    done = analyze("verify", str(rendered_unit))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == ""
+    score, scan = exposure(rendered_unit)
+    assert "Service has access to the host's network" in scan
+    assert "IP address allow list with non-localhost entries" in scan
+    assert alone < score <= 2.0
+
+
+def test_the_units_network_is_what_the_docs_say() -> None:
+    """The unit allows the families and addresses docs/deploy.md lists, in a private
+    namespace."""
+    settings = dict(re.findall(r"^(\w+)=(.*)$", UNIT.read_text(), re.MULTILINE))
+    families = "AF_UNIX AF_INET AF_INET6 AF_NETLINK"
+    assert families == settings["RestrictAddressFamilies"]
+    assert (
+        settings["PrivateNetwork"],
+        settings["IPAddressDeny"],
+        settings["IPAddressAllow"],
+    ) == ("yes", "any", "localhost")
+    docs = (PROJECT / "docs" / "deploy.md").read_text()
+    assert f"`RestrictAddressFamilies={families}`" in docs
 
 
 def test_unit_settings_the_daemon_relies_on() -> None:

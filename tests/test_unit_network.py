@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jobwarden.daemon import sandbox
-from tests.daemon import Daemon, linreg_job
+from tests.daemon import Daemon, ctl, linreg_job
 from tests.helpers import wait_until
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -116,8 +116,8 @@ def test_a_two_process_job_and_metrics_work_under_the_shipped_units_network(
 def test_under_unix_sockets_alone_a_two_process_job_is_refused_at_intake(
     tmp_path: Path, stopped: list[Sandboxed]
 ) -> None:
-    """With AF_UNIX alone, the daemon starts, and rejects a 2-member job at intake with a
-    reason naming RestrictAddressFamilies=; nothing is started for it."""
+    """With AF_UNIX alone, the daemon starts, and rejects a 2-member job at intake (dropped
+    in the spool, or sent by wardenctl submit) with a reason naming RestrictAddressFamilies=."""
     daemon = Sandboxed(tmp_path / "root", families=UNIX_ONLY)
     stopped.append(daemon)
     daemon.start()
@@ -127,6 +127,11 @@ def test_under_unix_sockets_alone_a_two_process_job_is_refused_at_intake(
     assert "run.processes: the 2 members" in problems
     assert "RestrictAddressFamilies= does not list AF_INET" in problems
     assert daemon.status("pair") is None
+    job_file = tmp_path / "again.toml"
+    job_file.write_text(two_process_job("again"))
+    submitted = ctl(daemon, "submit", str(job_file))
+    assert submitted.returncode != 0
+    assert "RestrictAddressFamilies= does not list AF_INET" in submitted.stdout + submitted.stderr
 
 
 def test_without_netlink_a_two_process_job_is_refused_naming_it(
