@@ -113,6 +113,7 @@ ROOMS: dict[str, str] = {
     "jobwarden.daemon.background": "daemon.background",
     "jobwarden.daemon.children": "daemon.children",
     "jobwarden.daemon.stats": "daemon.stats",
+    "jobwarden.daemon.sandbox": "daemon.sandbox",
     "jobwarden.daemon.wardend": "daemon.wardend",
     "jobwarden.daemon.view": "daemon.view",
     "jobwarden.daemon.api": "daemon.api",
@@ -135,10 +136,12 @@ def room(module: str) -> str | None:
     return ROOMS.get(name)
 
 
-SHARED = frozenset({"daemon.config", "daemon.background", "daemon.children", "daemon.stats"})
+SHARED = frozenset(
+    {"daemon.config", "daemon.background", "daemon.children", "daemon.stats", "daemon.sandbox"}
+)
 """The daemon's leaves (its typed settings, its task keeper, its own children, its
-counters): every room of the daemon but store/ may import them, and they import nothing
-of the daemon."""
+counters, what its sandbox permits): every room of the daemon but store/ may import them,
+and they import nothing of the daemon."""
 
 
 def rooms(*names: str) -> frozenset[str]:
@@ -171,6 +174,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "daemon.background": rooms(),
     "daemon.children": rooms(),
     "daemon.stats": rooms(),
+    "daemon.sandbox": rooms(),
     # store/: nothing else of the daemon, nothing but the foundation and what a job says
     "daemon.store": rooms("job"),
     "daemon.intake": SHARED | rooms("job", "daemon.store"),

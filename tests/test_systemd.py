@@ -77,22 +77,35 @@ def test_unit_verifies_cleanly(rendered_unit: Path) -> None:
     assert done.stderr.strip() == ""
 
 
+def exposure(unit: Path) -> tuple[float, str]:
+    """systemd-analyze security --offline's overall score of ``unit`` (its drop-ins read in),
+    and the scan's text."""
+    done = analyze("security", "--offline=true", "--threshold=20", str(unit))
+    assert done.returncode == 0, done.stdout[-2000:]
+    found = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", done.stdout)
+    assert found is not None, done.stdout[-2000:]
+    return float(found.group(1)), done.stdout
+
+
 def test_unit_exposure_is_at_most_2(rendered_unit: Path) -> None:
     """systemd-analyze security --offline scores the unit at 2.0 or less."""
-    done = analyze("security", "--offline=true", "--threshold=20", str(rendered_unit))
-    assert done.returncode == 0, done.stdout[-2000:]
-    score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", done.stdout).group(1))
+    score, scan = exposure(rendered_unit)
     assert score <= 2.0
-    assert "MemoryDenyWriteExecute=" in done.stdout
+    assert "MemoryDenyWriteExecute=" in scan
+
+
+def drop_in(heading: str) -> str:
+    """The drop-in docs/deploy.md gives after ``heading`` (its first ini block)."""
+    text = (PROJECT / "docs" / "deploy.md").read_text()
+    section = text[text.index(heading) :]
+    found = re.search(r"```ini\n(.*?)```", section, re.DOTALL)
+    assert found is not None, f"docs/deploy.md has no drop-in block after {heading}"
+    return found.group(1)
 
 
 def home_drop_in() -> str:
-    """The drop-in docs/deploy.md gives for code under /home (its ini block)."""
-    text = (PROJECT / "docs" / "deploy.md").read_text()
-    section = text[text.index("**Code under `/home`.**") :]
-    found = re.search(r"```ini\n(.*?)```", section, re.DOTALL)
-    assert found is not None, "docs/deploy.md has no drop-in block for /home"
-    return found.group(1)
+    """The drop-in docs/deploy.md gives for code under /home."""
+    return drop_in("**Code under `/home`.**")
 
 
 def test_the_home_drop_in_of_the_docs_verifies_and_keeps_the_score(
@@ -101,16 +114,51 @@ def test_the_home_drop_in_of_the_docs_verifies_and_keeps_the_score(
     """The documented drop-in, beside the unit as systemctl edit puts it: systemd-analyze
     verify reports nothing, the security scan sees its ProtectHome=tmpfs, and the exposure
     stays what the unit's is."""
+    alone, _ = exposure(rendered_unit)
     drop_ins = rendered_unit.parent / "wardend.service.d"
     drop_ins.mkdir()
     (drop_ins / "override.conf").write_text(home_drop_in())
     done = analyze("verify", str(rendered_unit))
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip() == ""
-    scan = analyze("security", "--offline=true", "--threshold=20", str(rendered_unit))
-    assert "fake empty home directories" in scan.stdout  # ProtectHome=tmpfs, read in
-    score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", scan.stdout).group(1))
-    assert score <= 0.5
+    score, scan = exposure(rendered_unit)
+    assert "fake empty home directories" in scan  # ProtectHome=tmpfs, read in
+    assert score == alone
+
+
+def test_the_network_drop_in_of_the_docs_verifies_and_stays_at_most_2(
+    rendered_unit: Path,
+) -> None:
+    """The documented network drop-in (a Slurm controller, a webhook host, a scraper): verify
+    reports nothing, the scan reads its PrivateNetwork=no and its non-loopback allow-list,
+    and the exposure stays at 2.0 or less."""
+    alone, scan = exposure(rendered_unit)
+    assert "Service has no access to the host's network" in scan
+    drop_ins = rendered_unit.parent / "wardend.service.d"
+    drop_ins.mkdir()
+    (drop_ins / "network.conf").write_text(drop_in("**The network drop-in.**"))
+    done = analyze("verify", str(rendered_unit))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == ""
+    score, scan = exposure(rendered_unit)
+    assert "Service has access to the host's network" in scan
+    assert "IP address allow list with non-localhost entries" in scan
+    assert alone < score <= 2.0
+
+
+def test_the_units_network_is_what_the_docs_say() -> None:
+    """The unit allows the families and addresses docs/deploy.md lists, in a private
+    namespace."""
+    settings = dict(re.findall(r"^(\w+)=(.*)$", UNIT.read_text(), re.MULTILINE))
+    families = "AF_UNIX AF_INET AF_INET6 AF_NETLINK"
+    assert families == settings["RestrictAddressFamilies"]
+    assert (
+        settings["PrivateNetwork"],
+        settings["IPAddressDeny"],
+        settings["IPAddressAllow"],
+    ) == ("yes", "any", "localhost")
+    docs = (PROJECT / "docs" / "deploy.md").read_text()
+    assert f"`RestrictAddressFamilies={families}`" in docs
 
 
 def test_unit_settings_the_daemon_relies_on() -> None:

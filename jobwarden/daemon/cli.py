@@ -7,10 +7,12 @@ import asyncio
 import os
 import shlex
 import sys
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 
 from jobwarden.checkpoint.signing import load_key
+from jobwarden.daemon import sandbox
 from jobwarden.daemon.config import (
     LaunchSettings,
     MetricsSettings,
@@ -195,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             tries=args.notify_tries,
             backoff_s=args.notify_backoff,
         )
-        if args.metrics_listen is not None:
-            exporter.parse_address(args.metrics_listen)
+        permits = sandbox.probe()
+        refuse_what_is_blocked(args, chosen.name, permits)
     except JobwardenError as error:
         sys.stderr.write(f"wardend: {error.message}\n")
         return error.exit_status
@@ -236,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         keep_finished_days=days,
     )
     try:
-        daemon = Wardend(root, options, chosen)
+        daemon = Wardend(root, options, chosen, permits)
         return asyncio.run(daemon.run())
     except exporter.MetricsListenError as error:
         sys.stderr.write(f"wardend: {error.message}\n")
@@ -244,6 +246,25 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         daemon_log.close()
         os.close(lock)
+
+
+def refuse_what_is_blocked(
+    args: argparse.Namespace, launcher: str, permits: sandbox.Permits
+) -> None:
+    """Refuse at start an option the sandbox would defeat at run time: the launcher's
+    cluster tools, ``--metrics-listen`` or ``--notify-webhook`` needing a network it
+    blocks.  Raises `LauncherError`, `MetricsListenError` or `NotifySettingError`, whose
+    message names the unit's setting (`jobwarden.daemon.sandbox`)."""
+    if (refused := sandbox.launcher_refusal(launcher, permits)) is not None:
+        raise LauncherError(refused)
+    if args.metrics_listen is not None:
+        host, _ = exporter.parse_address(args.metrics_listen)
+        if (refused := sandbox.reach_refusal(host, permits, "the listener")) is not None:
+            raise exporter.MetricsListenError(args.metrics_listen, refused)
+    if args.notify_webhook is not None:
+        host = urllib.parse.urlsplit(args.notify_webhook).hostname or ""
+        if (refused := sandbox.reach_refusal(host, permits, "the webhook")) is not None:
+            raise hooks.NotifySettingError("--notify-webhook", args.notify_webhook, refused)
 
 
 RETIRED_PREFIX = "JOBWARDEN_SLURM_"

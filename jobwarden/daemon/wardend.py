@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from jobwarden import __version__, testfaults
+from jobwarden.daemon import sandbox
 from jobwarden.daemon.api import commands
 from jobwarden.daemon.api.lifecycle import Lifecycle
 from jobwarden.daemon.api.server import ControlServer
@@ -54,17 +55,30 @@ class Wardend:
     _services: Services
     intake_queue: Intake
 
-    def __init__(self, root: Root, options: Options, launcher: Launcher | None = None) -> None:
-        """``launcher``: one made already; else the one ``options.launch`` names."""
+    def __init__(
+        self,
+        root: Root,
+        options: Options,
+        launcher: Launcher | None = None,
+        permits: sandbox.Permits | None = None,
+    ) -> None:
+        """``launcher``: one made already; else the one ``options.launch`` names.
+        ``permits``: what the sandbox was found to permit (`sandbox.probe`, run here if
+        not given); intake refuses a job that needs what it blocks."""
         self.root = root
         self.options = options
         self.table = JobTable(root)
         self.incidents = IncidentLog(root)
-        self.spool = spool.Spool(root, lambda job_id: job_id in self.table)
+        self.launcher = launcher or registry.load(options.launch.name, options.launch)
+        self.permits = permits or sandbox.probe()
+        self.spool = spool.Spool(
+            root,
+            lambda job_id: job_id in self.table,
+            lambda job: sandbox.job_refusal(job.run.processes, self.permits, self.launcher.name),
+        )
         self.stats = Stats()
         self.queue: deque[str] = deque()
         self.supervisors: dict[str, JobSupervisor] = {}
-        self.launcher = launcher or registry.load(options.launch.name, options.launch)
         self.stopping = asyncio.Event()
         self.shutting_down = False
         self.background = Background("wardend")
@@ -96,6 +110,7 @@ class Wardend:
             loop.add_signal_handler(signum, self.stopping.set)
         if testfaults.active(testfaults.Fault.BLOCK_LOOP_ON_SIGUSR2):
             loop.add_signal_handler(signal.SIGUSR2, time.sleep, BLOCK_S)
+        log.info("wardend.sandbox", **self.permits.record())
         self.exporter.start(self._spawn)  # raises MetricsListenError before anything else starts
         self.hooks.start()
         self._services = Services(

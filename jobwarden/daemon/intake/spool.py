@@ -181,9 +181,18 @@ class Spool:
     Not thread-safe: the daemon calls it from one intake thread only.
     """
 
-    def __init__(self, root: Root, known: Callable[[str], bool]) -> None:
+    def __init__(
+        self,
+        root: Root,
+        known: Callable[[str], bool],
+        refusal: Callable[[Job], str | None] | None = None,
+    ) -> None:
         self.root = root
         self.known = known
+        self.refusal = refusal
+        """Why the daemon could not run a valid job (its sandbox blocks what the job needs,
+        `jobwarden.daemon.sandbox.job_refusal`), or None: such a job is rejected here
+        rather than failing at run time."""
         self._stamp = 0
         self._next_suffix: dict[str, int] = {}
         self.accepted: dict[str, jobs.JobRecord] = {}
@@ -285,6 +294,8 @@ class Spool:
             if jobs.holds_request(folder, claimed):
                 return [ALREADY_ACCEPTED], (job, raw)
             return [f"id: duplicate job id {job.id!r}: a job with this id already exists"], None
+        if self.refusal is not None and (refused := self.refusal(job)) is not None:
+            return [refused], None
         return [], (job, raw)
 
     def _reject(self, source: Path, name: str, problems: list[str]) -> Rejection | None:
