@@ -79,13 +79,13 @@ def visit(chrome: Any, url: str, path: str, shot: str) -> Any:
 
 
 def text_of(chrome: Any, selector: str) -> str:
-    """The text of the element the CSS selector finds ("" when the live update replaced the
-    element between finding it and reading it: the next poll reads the new one)."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    """The text of the element the CSS selector finds ("" while the live update is replacing
+    the table, the element gone or stale for a moment: the next poll reads the new one)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
     try:
         return str(chrome.find_element("css selector", selector).text)
-    except StaleElementReferenceException:
+    except (NoSuchElementException, StaleElementReferenceException):
         return ""
 
 
