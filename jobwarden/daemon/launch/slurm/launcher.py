@@ -42,7 +42,6 @@ from jobwarden.daemon.launch.base import (
     RunningAttempt,
     pump,
 )
-from jobwarden.daemon.launch.members import free_port
 from jobwarden.daemon.launch.slurm.ctl import query, sbatch, slurm_command
 from jobwarden.daemon.launch.slurm.group import SlurmGroupAttempt
 from jobwarden.daemon.launch.slurm.lease import LeaseState, checkpoint_of, judge_directory
@@ -151,7 +150,7 @@ class SlurmLauncher(Launcher):
         spec.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         await self._end_earlier_attempts(spec)
         if spec.processes > 1:
-            write_text_atomic(spec.folder / MEMBER_SCRIPT, member_script(spec, free_port()))
+            write_text_atomic(spec.folder / MEMBER_SCRIPT, member_script(spec))
         script = spec.folder / SCRIPT
         write_text_atomic(script, batch_script(spec))
         script.chmod(0o700)
