@@ -3,6 +3,7 @@
 #
 #   slurm/cluster.sh up     (make slurm-up NODES=N)   its last line: export SLURM_CONF=...
 #   slurm/cluster.sh down   (make slurm-down)
+#   slurm/cluster.sh restart-node I   (node n<I>'s slurmd again, after it was killed)
 #
 # munged and slurmctld run on the host; node i is a slurmd in its own network, UTS and mount
 # namespaces: hostname n<i>, address NET.(10+i) on a bridge (NET.1 on the host side), and a
@@ -124,6 +125,23 @@ ${nodes}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
 }
 
+# slurmd of node n$1 in its namespaces.  nsenter changes only the network: `ip netns exec`
+# would remount /sys without /sys/fs/cgroup, and slurmd then exits ("Unable to initialize
+# cgroup plugin").
+start_node() {
+  spawn "slurmd-n$1" nsenter --net="/var/run/netns/${NAME}n$1" \
+    unshare --uts --mount --propagation private \
+    sh -c "hostname n$1 && mount --bind '$BASE/etc/hosts' /etc/hosts && exec slurmd -D -N n$1 -f '$SLURM_CONF'"
+}
+
+# Start node n$1's slurmd again (after a test killed every process of its namespace) and
+# wait until Slurm has it back (ReturnToService=2) and idle.
+restart_node() {
+  export SLURM_CONF="$BASE/etc/slurm.conf"
+  start_node "$1"
+  wait_for 300 all_idle || { say node "n$1 not idle: $(sinfo -h -o '%N %T' | tr '\n' ' ')"; exit 1; }
+}
+
 up() {
   install_packages
   down 2>/dev/null
@@ -140,13 +158,7 @@ up() {
   export SLURM_CONF="$BASE/etc/slurm.conf"
   spawn slurmctld slurmctld -D -f "$SLURM_CONF"
   wait_for 150 scontrol ping || { say up "slurmctld did not answer"; tail "$BASE"/log/slurmctld.*; exit 1; }
-  for i in $(seq 1 "$NODES"); do
-    # nsenter changes only the network: `ip netns exec` would remount /sys without
-    # /sys/fs/cgroup, and slurmd then exits ("Unable to initialize cgroup plugin").
-    spawn "slurmd-n$i" nsenter --net="/var/run/netns/${NAME}n$i" \
-      unshare --uts --mount --propagation private \
-      sh -c "hostname n$i && mount --bind '$BASE/etc/hosts' /etc/hosts && exec slurmd -D -N n$i -f '$SLURM_CONF'"
-  done
+  for i in $(seq 1 "$NODES"); do start_node "$i"; done
   wait_for 300 all_idle || { say up "nodes not idle: $(sinfo -h -o '%N %T' | tr '\n' ' ')"; exit 1; }
   sinfo
   echo "export SLURM_CONF=$SLURM_CONF"
@@ -183,5 +195,6 @@ down() {
 case "${1:-}" in
   up) up ;;
   down) down ;;
-  *) echo "usage: $0 up|down" >&2; exit 2 ;;
+  restart-node) restart_node "${2:?which node: 1..N}" ;;
+  *) echo "usage: $0 up|down|restart-node I" >&2; exit 2 ;;
 esac

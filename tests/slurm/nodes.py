@@ -10,8 +10,10 @@ its daemons by pid and removes the namespaces.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -91,7 +93,22 @@ class Nodes:
         ).stdout
         return [int(pid) for pid in out.split()]
 
-    def _script(self, action: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    def fail(self, node: str) -> list[int]:
+        """SIGKILL every process of node ``node`` (its slurmd and the steps on it): the node
+        is lost as a machine is; the pids killed."""
+        pids = self.pids(node)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
+
+    def restart(self, node: str) -> None:
+        """Start node ``node``'s slurmd again; returns once every node is idle."""
+        done = self._script("restart-node", UP_TIMEOUT_S, node.removeprefix("n"))
+        if done.returncode != 0:
+            raise RuntimeError(f"cluster.sh restart-node {node}: {done.stderr[-2000:]}")
+
+    def _script(self, action: str, timeout: float, *args: str) -> subprocess.CompletedProcess[str]:
         settings = {
             "NODES": str(self.count),
             "BASE": str(self.base),
@@ -101,7 +118,7 @@ class Nodes:
             "SLURMD_PORT": str(free_port()),
         }
         return subprocess.run(
-            [str(SCRIPT), action],
+            [str(SCRIPT), action, *args],
             env={**os.environ, **settings},
             stdin=subprocess.DEVNULL,
             capture_output=True,

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from jobwarden.daemon.launch.slurm.state import parse_fields
-from tests.daemon import Daemon, ctl, linreg_job
+from tests.daemon import ANY_STATE, Daemon, ctl, linreg_job
+from tests.helpers import wait_until
 from tests.slurm.nodes import Nodes
 
 pytestmark = pytest.mark.slow
@@ -61,3 +62,36 @@ def test_member_1_killed_on_the_second_node_restarts_both_and_is_verified(
     assert len(set(member_nodes(wardend, "two", 1))) == 2
     assert coordinator == allocated[0]
     assert [m["node"] for m in json.loads(shown.stdout)["members"]] == allocated
+
+
+def test_a_lost_node_fails_the_attempt_and_the_next_one_excludes_it(
+    wardend: Daemon, slurm_nodes: Nodes
+) -> None:
+    """Every process of member 1's node SIGKILLed: the attempt fails, the job is resubmitted
+    with --exclude of that node onto two others, restores and its replay is verified."""
+    run = {"steps": 40, "checkpoint_every": 5, "processes": 2}
+    faults = {"step_delay_s": 0.2}
+    wardend.drop("lost.toml", linreg_job("lost", run=run, faults=faults, slurm={"nodes": 2}))
+    folder = attempt_folder(wardend, "lost", 1)
+    wardend.wait("lost", ANY_STATE, timeout=30)
+    wait_until(
+        lambda: wardend.state("lost"),
+        lambda state: (state.get("newest_checkpoint_step") or 0) >= 5,
+        timeout=120,
+        what="a first checkpoint of job lost",
+    )
+    lost = (folder / "member.1.node").read_text().strip()
+    try:
+        killed = slurm_nodes.fail(lost)
+        status = wardend.wait("lost", timeout=180)
+        record = json.loads((attempt_folder(wardend, "lost", 2) / "slurm.json").read_text())
+        second = slurm_fields(slurm_nodes, wardend, "lost", 2)
+        allocated = slurm_nodes.run("scontrol", "show", "hostnames", second["NodeList"]).split()
+        (incident,) = wardend.incidents("lost")
+    finally:
+        slurm_nodes.restart(lost)
+    assert (len(killed) > 0, status["state"], status["attempt"]) == (True, "completed", 2)
+    assert (record["exclude"], f"--exclude={lost}" in record["sbatch"]) == ([lost], True)
+    assert (len(allocated), lost in allocated) == (2, False)
+    assert member_nodes(wardend, "lost", 2) == allocated
+    assert incident["verification"]["verdict"] == "verified"

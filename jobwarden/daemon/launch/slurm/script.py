@@ -52,6 +52,8 @@ class SlurmSettings:
     signal_lead_s: int = 60
     extra: tuple[str, ...] = ()
     nodes: int | None = None
+    exclude: tuple[str, ...] = ()
+    """Nodes that failed under an earlier attempt of the job (`exclude`)."""
 
     @classmethod
     def of(cls, options: SlurmOptions) -> SlurmSettings:
@@ -90,6 +92,7 @@ class SlurmSettings:
         options += [f"--partition={self.partition}"] if self.partition else []
         options += [f"--account={self.account}"] if self.account else []
         options += [f"--time={self.time_limit}"] if self.time_limit else []
+        options += [f"--exclude={','.join(self.exclude)}"] if self.exclude else []
         if self.nodes:
             per_node = -(-spec.processes // self.nodes)
             options += [f"--nodes={self.nodes}", f"--ntasks-per-node={per_node}"]
