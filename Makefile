@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench constraints clean install uninstall unit-check
+.PHONY: setup demo test lint bench constraints clean install uninstall unit-check slurm-up slurm-down
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,15 @@ unit-check: setup
 	sed "s|/opt/jobwarden/venv|$(CURDIR)/.venv|g" systemd/wardend.service > .venv/wardend.service
 	systemd-analyze verify .venv/wardend.service
 	systemd-analyze security --offline=true --threshold=20 .venv/wardend.service
+
+# A Slurm cluster of NODES compute nodes on this machine, each slurmd in its own network
+# namespace (slurm/cluster.sh; as root). Its last line is the SLURM_CONF to export.
+NODES ?= 2
+slurm-up:
+	NODES=$(NODES) slurm/cluster.sh up
+
+slurm-down:
+	slurm/cluster.sh down
 
 clean:
 	rm -rf $(VENV) out

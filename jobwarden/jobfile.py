@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from jobwarden.decoding import loads_json, loads_toml
 from jobwarden.errors import JobFileError
@@ -112,6 +112,16 @@ class _Document(_Section):
         if problem is not None:
             raise ValueError(problem)
         return value
+
+    @model_validator(mode="after")
+    def _nodes(self) -> _Document:
+        nodes = self.slurm.nodes if self.slurm is not None else None
+        if nodes is not None and nodes > self.run.processes:
+            raise ValueError(
+                f"[slurm] nodes = {nodes} is more than [run] processes = "
+                f"{self.run.processes}: a node would run no member"
+            )
+        return self
 
     @field_validator("workdir")
     @classmethod

@@ -2,7 +2,12 @@
 
 wardend starts the N members of a ``[run] processes = N`` job with
 ``JOBWARDEN_PROCESS_ID``, ``JOBWARDEN_PROCESSES`` and ``JOBWARDEN_COORDINATOR``
-(a loopback ``host:port`` it picked).  `Membership.join` joins them with gloo
+(a loopback ``host:port`` it picked).  On Slurm the coordinator is the first node of the
+job's allocation and no one off that node can pick a free port on it, so the member
+script names the host alone and a rendezvous file (``JOBWARDEN_COORDINATOR_FILE``, in the
+attempt folder every node shares): member 0 binds a free port there and publishes
+``host:port``, the others wait for it (`publish_coordinator`, `await_coordinator`).
+`Membership.join` joins them with gloo
 collectives on CPU.  The training state is replicated (data-parallel: the
 gradients are reduced across members), so member 0 alone holds the writer
 lock, restores and commits; `Membership.share_start` gives every member
@@ -13,17 +18,24 @@ commit that every member holds exactly the state being written (docs/multiproces
 from __future__ import annotations
 
 import os
+import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from jobwarden.errors import IncidentKind, JobwardenError
+from jobwarden.files import write_text_atomic
 from jobwarden.jobfile import FaultSection
 
 PROCESS_ID_ENV = "JOBWARDEN_PROCESS_ID"
 PROCESSES_ENV = "JOBWARDEN_PROCESSES"
 COORDINATOR_ENV = "JOBWARDEN_COORDINATOR"
+COORDINATOR_FILE_ENV = "JOBWARDEN_COORDINATOR_FILE"
+"""Where member 0 publishes ``host:port`` when `COORDINATOR_ENV` names a host alone."""
+RENDEZVOUS_POLL_S = 0.05
 JOIN_TIMEOUT_S = 300
 """How long `jax.distributed.initialize` waits for every member (wardend's startup
 timeout usually ends the attempt first, naming the members that never arrived)."""
@@ -53,6 +65,8 @@ class Membership:
     index: int = 0
     processes: int = 1
     coordinator: str = ""
+    rendezvous: str = ""
+    """A file where member 0 publishes the coordinator's port (empty: it is in `coordinator`)."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Membership:
@@ -69,7 +83,7 @@ class Membership:
         coordinator = env.get(COORDINATOR_ENV, "")
         if count > 1 and not coordinator:
             raise MembershipError(f"{COORDINATOR_ENV} is not set for a {count}-process job")
-        return cls(index, count, coordinator)
+        return cls(index, count, coordinator, env.get(COORDINATOR_FILE_ENV, ""))
 
     @property
     def group(self) -> bool:
@@ -98,9 +112,14 @@ class Membership:
             return
         import jax
 
+        address = self.coordinator
+        if self.rendezvous and self.writes:
+            address = publish_coordinator(self.coordinator, Path(self.rendezvous))
+        elif self.rendezvous:
+            address = await_coordinator(Path(self.rendezvous), JOIN_TIMEOUT_S)
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # type: ignore[no-untyped-call]
         jax.distributed.initialize(
-            coordinator_address=self.coordinator,
+            coordinator_address=address,
             num_processes=self.processes,
             process_id=self.index,
             initialization_timeout=JOIN_TIMEOUT_S,
@@ -144,6 +163,35 @@ class Membership:
                 hashes=hashes,
                 members=differing,
             )
+
+
+def publish_coordinator(host: str, rendezvous: Path) -> str:
+    """Member 0's ``host:port``, with a port free on its own node now (the coordinator binds
+    it at once), written durably to ``rendezvous`` for the other members."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        address = f"{host}:{probe.getsockname()[1]}"
+    write_text_atomic(rendezvous, address + "\n")
+    return address
+
+
+def await_coordinator(rendezvous: Path, timeout_s: float) -> str:
+    """The ``host:port`` member 0 published in ``rendezvous``; raises `MembershipError`
+    when none is there within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            address = rendezvous.read_text().strip()
+        except FileNotFoundError:
+            address = ""
+        if address:
+            return address
+        if time.monotonic() > deadline:
+            raise MembershipError(
+                f"member 0 published no coordinator in {rendezvous} within {timeout_s} s",
+                path=str(rendezvous),
+            )
+        time.sleep(RENDEZVOUS_POLL_S)
 
 
 def _as_bits(leaf: np.ndarray) -> np.ndarray:

@@ -28,6 +28,13 @@ class TestSlurmSection:
         for field in ("slurm.partition", "slurm.time_limit", "slurm.nodes", "slurm.ntasks"):
             assert field in message
 
+    def test_more_nodes_than_members_is_refused(self) -> None:
+        """[slurm] nodes = 3 for 2 members: refused at intake, naming both numbers."""
+        text = linreg_job("s", run={"processes": 2}, slurm={"nodes": 3})
+        with pytest.raises(JobFileError) as raised:
+            job_from_bytes(text.encode(), "s.toml", "toml")
+        assert "[slurm] nodes = 3 is more than [run] processes = 2" in str(raised.value)
+
     def test_the_launcher_reads_the_kept_request(self, tmp_path: Path) -> None:
         """The section of jobs/<id>/request.toml, laid over the daemon's settings."""
         (tmp_path / "request.toml").write_text(linreg_job("s", slurm={"time_limit": "10"}))

@@ -31,7 +31,7 @@ from jobwarden.daemon.launch.base import (
 )
 from jobwarden.daemon.launch.members import GroupAttempt, member_spec
 from jobwarden.daemon.launch.slurm.ctl import slurm_command
-from jobwarden.daemon.launch.slurm.script import member_status
+from jobwarden.daemon.launch.slurm.script import member_node, member_status
 from jobwarden.daemon.launch.slurm.state import Phase, exit_of
 from jobwarden.daemon.launch.slurm.watch import FILE_POLL_S, FileFeed, FollowedFile, SlurmWatch
 
@@ -56,8 +56,8 @@ class SlurmTask(RunningAttempt):
 
     @property
     def node(self) -> str | None:
-        """A node of the Slurm job, which the daemon is not told."""
-        return None
+        """The Slurm node the member runs on, as its script recorded it."""
+        return member_node(self.spec.folder, self.index)
 
     def sample(self) -> dict[str, Any]:
         """The job's Slurm state (the members share it)."""

@@ -16,7 +16,8 @@ Slurm's own time limit takes that path, and so does the daemon's stop
 
 After the daemon's own restart, `SlurmLauncher.adopt` follows the Slurm job of
 the job's last attempt again, by the id ``slurm.json`` recorded, rather than
-submitting another.
+submitting another.  A node that failed under an earlier attempt is excluded from the
+next (`slurmexclude`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -42,8 +44,8 @@ from jobwarden.daemon.launch.base import (
     RunningAttempt,
     pump,
 )
-from jobwarden.daemon.launch.members import free_port
 from jobwarden.daemon.launch.slurm.ctl import query, sbatch, slurm_command
+from jobwarden.daemon.launch.slurm.exclude import exclusion
 from jobwarden.daemon.launch.slurm.group import SlurmGroupAttempt
 from jobwarden.daemon.launch.slurm.lease import LeaseState, checkpoint_of, judge_directory
 from jobwarden.daemon.launch.slurm.script import (
@@ -151,11 +153,13 @@ class SlurmLauncher(Launcher):
         spec.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         await self._end_earlier_attempts(spec)
         if spec.processes > 1:
-            write_text_atomic(spec.folder / MEMBER_SCRIPT, member_script(spec, free_port()))
+            write_text_atomic(spec.folder / MEMBER_SCRIPT, member_script(spec))
         script = spec.folder / SCRIPT
         write_text_atomic(script, batch_script(spec))
         script.chmod(0o700)
         settings = self.slurm.for_job(section_of(spec.folder.parent.parent))
+        excluded = await exclusion(spec, settings.nodes or 1)
+        settings = replace(settings, exclude=tuple(excluded))
         argv = ["sbatch", *settings.sbatch_options(spec), str(script)]
         checkpoint = checkpoint_of(spec.folder)
         before = await judge_directory(checkpoint) if checkpoint is not None else None
@@ -164,6 +168,7 @@ class SlurmLauncher(Launcher):
         job_id = await sbatch(argv, spec.env)
         record = {"slurm_job": job_id, "submitted": time.time(), "sbatch": argv}
         record["lease_before"] = before.as_record() if before is not None else None
+        record["exclude"] = excluded
         write_text_atomic(spec.folder / JOB_RECORD, json.dumps(record, indent=2) + "\n")
         log.info("slurm.submitted", job=spec.job_id, attempt=spec.attempt, slurm_job=job_id)
         return self._attempt(spec, SlurmWatch(job_id, spec.job_id))

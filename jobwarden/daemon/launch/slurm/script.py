@@ -7,7 +7,10 @@ launcher would exec; with ``[run] processes = N`` it runs N tasks, each a member
 (`member_script`): task i sets the membership variables the SDK reads (from
 ``SLURM_PROCID``), keeps its stdout in ``events.<i>.jsonl`` and its stderr in
 ``stderr.<i>.log`` (member 0: ``events.jsonl``, ``stderr.log``), as locally, and records its
-own exit status in ``member.<i>.exit``.
+own exit status in ``member.<i>.exit`` and the node it ran on in ``member.<i>.node``.  The
+coordinator is on the first node of the job's allocation (`member_script`), never on the
+daemon's host, which need not be a compute node.  ``[slurm] nodes = M`` spreads the N members
+over M nodes, at most ``ceil(N / M)`` on each (block distribution: member 0 on the first).
 """
 
 from __future__ import annotations
@@ -19,7 +22,12 @@ from pathlib import Path
 from jobwarden.daemon.config import SlurmOptions
 from jobwarden.daemon.launch.base import LaunchSpec
 from jobwarden.jobfolder import member_file
-from jobwarden.sdk.distributed import COORDINATOR_ENV, PROCESS_ID_ENV, PROCESSES_ENV
+from jobwarden.sdk.distributed import (
+    COORDINATOR_ENV,
+    COORDINATOR_FILE_ENV,
+    PROCESS_ID_ENV,
+    PROCESSES_ENV,
+)
 from jobwarden.sections import SlurmSection
 
 SCRIPT = "slurm.sh"
@@ -27,6 +35,10 @@ MEMBER_SCRIPT = "slurm-member.sh"
 EXIT_RECORD = "slurm.exit"
 MEMBER_EXIT = "member.exit"
 """Member i's exit status, in ``member_file(MEMBER_EXIT, i)``."""
+MEMBER_NODE = "member.node"
+"""The Slurm node member i runs on, in ``member_file(MEMBER_NODE, i)``."""
+RENDEZVOUS = "coordinator"
+"""Where member 0 publishes the coordinator's ``host:port`` for the others."""
 JOB_RECORD = "slurm.json"
 
 
@@ -40,6 +52,8 @@ class SlurmSettings:
     signal_lead_s: int = 60
     extra: tuple[str, ...] = ()
     nodes: int | None = None
+    exclude: tuple[str, ...] = ()
+    """Nodes that failed under an earlier attempt of the job (`exclude`)."""
 
     @classmethod
     def of(cls, options: SlurmOptions) -> SlurmSettings:
@@ -78,7 +92,10 @@ class SlurmSettings:
         options += [f"--partition={self.partition}"] if self.partition else []
         options += [f"--account={self.account}"] if self.account else []
         options += [f"--time={self.time_limit}"] if self.time_limit else []
-        options += [f"--nodes={self.nodes}"] if self.nodes else []
+        options += [f"--exclude={','.join(self.exclude)}"] if self.exclude else []
+        if self.nodes:
+            per_node = -(-spec.processes // self.nodes)
+            options += [f"--nodes={self.nodes}", f"--ntasks-per-node={per_node}"]
         return options + list(self.extra)
 
 
@@ -114,9 +131,12 @@ exit "$status"
 """
 
 
-def member_script(spec: LaunchSpec, port: int) -> str:
+def member_script(spec: LaunchSpec) -> str:
     """The script each srun task runs for a job of ``spec.processes`` members: member
-    ``SLURM_PROCID``, with the coordinator on the node that launched the step, at ``port``.
+    ``SLURM_PROCID``, with the coordinator on the first node of the job's allocation
+    (``scontrol show hostnames``; srun's block distribution puts member 0 there), at a port
+    member 0 finds free on that node and publishes in `RENDEZVOUS` (`publish_coordinator`):
+    a port picked anywhere else could be taken there, by another job on the same node.
 
     The worker gets the step's signals straight from Slurm (the whole task is signalled);
     the script only waits for it (its own traps are no-ops) and records its exit status.
@@ -124,15 +144,17 @@ def member_script(spec: LaunchSpec, port: int) -> str:
     variables; the SDK is given them explicitly so a member's files are named as locally.
     """
     folder = spec.folder
+    rendezvous = shlex.quote(str(folder / RENDEZVOUS))
     cases = []
     for index in range(spec.processes):
         files = [
             member_file(spec.stdout, index),
             member_file("stderr.log", index),
             member_file(MEMBER_EXIT, index),
+            member_file(MEMBER_NODE, index),
         ]
-        out, err, record = (shlex.quote(str(folder / name)) for name in files)
-        cases.append(f"    {index}) out={out} err={err} record={record} ;;")
+        out, err, record, node = (shlex.quote(str(folder / name)) for name in files)
+        cases.append(f"    {index}) out={out} err={err} record={record} node={node} ;;")
     arms = "\n".join(cases)
     return f"""#!/bin/bash
 # jobwarden: one member of attempt {spec.attempt} of job {spec.job_id} (srun task $SLURM_PROCID)
@@ -141,8 +163,10 @@ case "$SLURM_PROCID" in
 {arms}
     *) echo "jobwarden: task $SLURM_PROCID of {spec.processes}?" >&2; exit 2 ;;
 esac
+printf '%s\n' "${{SLURMD_NODENAME:-$(hostname)}}" > "$node.tmp" && mv "$node.tmp" "$node"
+first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export {PROCESS_ID_ENV}="$SLURM_PROCID" {PROCESSES_ENV}={spec.processes}
-export {COORDINATOR_ENV}="${{SLURM_LAUNCH_NODE_IPADDR:-127.0.0.1}}:{port}"
+export {COORDINATOR_ENV}="${{first:-$(hostname)}}" {COORDINATOR_FILE_ENV}={rendezvous}
 trap : TERM USR1 INT
 "$@" < /dev/null > "$out" 2> "$err" &
 child=$!
@@ -158,6 +182,14 @@ exit "$status"
 def member_status(folder: Path, index: int) -> int | None:
     """Member ``index``'s exit status as its script recorded it (a shell's: 137 is SIGKILL)."""
     return read_status(folder / member_file(MEMBER_EXIT, index))
+
+
+def member_node(folder: Path, index: int) -> str | None:
+    """The node member ``index`` runs on, as its script recorded it; None before it started."""
+    try:
+        return (folder / member_file(MEMBER_NODE, index)).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def read_status(path: Path) -> int | None:
