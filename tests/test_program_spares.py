@@ -1,0 +1,178 @@
+"""Spares of users' SDK programs through a real wardend: handed, refused, replaced, killed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.daemon import ANY_STATE, Daemon, ctl
+from tests.helpers import wait_until
+from tests.test_command_jobs import command_job
+from tests.test_warm_spare import log_records, open_under
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parent
+SLOW_FIRST_ATTEMPT = {"step_delay_s": 2.5}
+"""20 s for attempt 1's 8 updates: time for its spare to be ready, whatever the load."""
+
+
+@pytest.fixture
+def daemon(tmp_path: Path, compile_cache: Path) -> Iterator[Daemon]:
+    """A running wardend on a fresh root."""
+    with Daemon(tmp_path / "root", compile_cache) as running:
+        yield running
+
+
+@pytest.fixture
+def program(tmp_path: Path) -> Path:
+    """tests/sdk_program.py where a user keeps it."""
+    path = tmp_path / "work" / "train.py"
+    path.parent.mkdir()
+    shutil.copy(HERE / "sdk_program.py", path)
+    return path
+
+
+def drop_job(daemon: Daemon, program: Path, job_id: str = "user") -> None:
+    """An SDK command job of ``program``, 8 updates, attempt 1 slowed by the drill fault."""
+    text = command_job(
+        job_id,
+        [sys.executable, str(program)],
+        workdir=str(program.parent),
+        run={"steps": 8},
+        faults=SLOW_FIRST_ATTEMPT,
+        supervision={"stall_timeout_s": 60},
+    )
+    daemon.drop(f"{job_id}.toml", text)
+    daemon.wait(job_id, ANY_STATE, timeout=30)
+
+
+def wait_spare(daemon: Daemon, job_id: str, other_than: int = 0) -> dict[str, Any]:
+    """The job's spare as status shows it, once one (not ``other_than``) is ready."""
+
+    def spare() -> Any:
+        return daemon.state(job_id).get("spare") or {}
+
+    found: dict[str, Any] = wait_until(
+        spare,
+        lambda s: s.get("state") == "ready" and s["pid"] != other_than,
+        timeout=90,
+        what="a ready spare",
+    )
+    return found
+
+
+def crash_at_step(daemon: Daemon, job_id: str, step: int) -> None:
+    """SIGKILL the job's worker once it reports ``step`` (a checkpoint holds step 4)."""
+    status = wait_until(
+        lambda: daemon.state(job_id), lambda s: (s["step"] or 0) >= step, timeout=60, what="step"
+    )
+    assert (status["attempt"], status["step"] < 8) == (1, True), "attempt 1 ended too soon"
+    os.kill(status["pid"], signal.SIGKILL)
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie counts)."""
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    return True
+
+
+def naming(folder: Path) -> list[int]:
+    """Every process whose environment names ``folder`` (a spare's, or its children's)."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get("JOBWARDEN_ATTEMPT_FOLDER") == str(folder):
+                found.append(proc.pid)
+    return found
+
+
+def test_a_crash_is_handed_to_the_programs_spare_and_verified(
+    daemon: Daemon, program: Path
+) -> None:
+    """SIGKILL of attempt 1: attempt 2 is the waiting spare (holding nothing before), verified."""
+    drop_job(daemon, program)
+    spare = wait_spare(daemon, "user")
+    checkpoints = daemon.root / "checkpoints" / "user"
+    held_while_waiting = open_under(spare["pid"], checkpoints)
+    crash_at_step(daemon, "user", 5)
+    status = daemon.wait("user", timeout=120)
+    (handed,) = log_records(daemon, "spare.handed")
+    resumed = daemon.events("user", 2)
+    (incident,) = daemon.incidents("user")
+    spare_stderr = next((daemon.job_folder("user") / "spares").glob("*/stderr.log"))
+    assert held_while_waiting == []
+    assert spare["rss_mb"] > 0
+    assert (status["state"], status["attempt"], status["step"]) == ("completed", 2, 8)
+    assert (handed["pid"], handed["attempt"]) == (spare["pid"], 2)
+    assert [e["event"] for e in resumed][:3] == ["started", "restored", "ready"]
+    assert resumed[0]["pid"] == spare["pid"]
+    assert resumed[1]["step"] == 4
+    assert (incident["kind"], incident["status"]) == ("crash", "verified")
+    assert "Traceback" not in spare_stderr.read_text()
+
+
+def test_a_spare_of_stale_sources_is_refused_and_the_job_starts_cold(
+    daemon: Daemon, program: Path
+) -> None:
+    """The program's source edited while its spare waits: the spare refuses, attempt 2 is cold."""
+    drop_job(daemon, program)
+    spare = wait_spare(daemon, "user")
+    program.write_text(program.read_text() + "\n# edited while the spare waited\n")
+    crash_at_step(daemon, "user", 5)
+
+    def attempt_2_started() -> list[dict[str, Any]]:
+        with contextlib.suppress(OSError):
+            return [e for e in daemon.events("user", 2) if e["event"] == "started"]
+        return []
+
+    started = wait_until(attempt_2_started, timeout=60, what="attempt 2 started")
+    (refused,) = log_records(daemon, "spare.refused")
+    assert refused["pid"] == spare["pid"]
+    assert "sources changed" in json.dumps(refused["answer"])
+    assert started[0]["pid"] != spare["pid"]
+    assert gone(spare["pid"])
+    assert log_records(daemon, "spare.handed") == []
+
+
+def test_a_spare_killed_while_waiting_is_replaced_and_the_new_one_handed(
+    daemon: Daemon, program: Path
+) -> None:
+    """SIGKILL of the waiting spare: another starts, and the crash is handed to that one."""
+    drop_job(daemon, program)
+    first = wait_spare(daemon, "user")
+    os.kill(first["pid"], signal.SIGKILL)
+    second = wait_spare(daemon, "user", other_than=first["pid"])
+    crash_at_step(daemon, "user", 5)
+    status = daemon.wait("user", timeout=120)
+    (handed,) = log_records(daemon, "spare.handed")
+    (died,) = log_records(daemon, "spare.died")
+    assert died["pid"] == first["pid"]
+    assert handed["pid"] == second["pid"] != first["pid"]
+    assert (status["state"], status["attempt"]) == ("completed", 2)
+
+
+def test_a_job_cancelled_while_its_spare_waits_leaves_no_process(
+    daemon: Daemon, program: Path
+) -> None:
+    """wardenctl cancel: the worker and the waiting spare, with its whole tree, are gone."""
+    drop_job(daemon, program)
+    spare = wait_spare(daemon, "user")
+    (folder,) = (daemon.job_folder("user") / "spares").iterdir()
+    answer = ctl(daemon, "cancel", "user")
+    assert answer.returncode == 0, answer.stderr
+    daemon.wait("user", timeout=60)
+    wait_until(lambda: gone(spare["pid"]), timeout=10, what="the spare gone")
+    assert naming(folder) == []
+    assert daemon.state("user")["state"] == "cancelled"
