@@ -15,23 +15,29 @@ one run):
   restart did; measured from that second kill;
 - *new policy, no spare*: ``--no-warm-spare``, the first restart is immediate;
 - *new policy, warm spare*: the default daemon;
-- *digits, default settings*: the SDK example of examples/digits (Flax NNX
-  and optax) as a command job on a default daemon, ``steps = 400``, the same
-  delay and kill.  SDK programs get no warm spare, so this is a cold start:
-  the interpreter, JAX and Flax imported, the data loaded, the update
-  compiled (from the shared compilation cache).  No target of its own.
+- *digits, no spare*: the SDK example of examples/digits (Flax NNX and
+  optax) as a command job, ``steps = 400``, the same delay and kill, on a
+  daemon with ``--spare-memory-mb 0`` (no spares of programs): a cold start,
+  the interpreter, JAX, Flax and optax imported, the data loaded, the update
+  compiled (from the shared compilation cache);
+- *digits, spare*: the same on a default daemon, killed once the job's spare
+  (the program waiting at ``run.restore``, its update compiled through
+  ``warmup=``) is ready: the target, p50 at most `TARGET_S`.  Before the kill
+  the idle spare's rss (its process tree, from ``status``) and CPU (psutil,
+  over `IDLE_WINDOW_S`) are read: what a spare costs while it waits.
 
 The breakdown (p50): kill to ``attempt.exited`` (detection), to
 ``attempt.started`` (incident, backoff), to the worker's ``started`` event
 (process start or handoff, lock), to ``ready`` (restore), to the first progress.
 
-Run ``.venv/bin/python bench/recovery.py [--samples N]``; it prints a table and
-writes ``bench/results/recovery.json``.
+Run ``.venv/bin/python bench/recovery.py [--samples N] [--variants a,b]``; it
+prints a table and writes ``bench/results/recovery.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -42,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from daemon import Measure, Wardend, is_event, job_text, median, private_dir, running, stamp, table
 from figures import Figure, at_most, context, records
 
@@ -50,6 +57,7 @@ KILL_AT = 40
 TARGET_S = 0.3
 JOB = {"run": {"steps": 400}, "faults": {"step_delay_s": 0.05}}
 DIGITS = Path(__file__).resolve().parent.parent / "examples" / "digits"
+IDLE_WINDOW_S = 2.0
 Record = dict[str, Any]
 
 
@@ -87,6 +95,29 @@ def wait_spare(daemon: Wardend, timeout: float = 120) -> None:
     raise TimeoutError("no spare ready")
 
 
+def wait_program_spare(daemon: Wardend, job: str, timeout: float = 120) -> Record:
+    """Until ``job``'s spare is ready; its ``spare.ready`` record."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        daemon.log.poll()
+        for r in daemon.log.records:
+            if r.get("event") == "spare.ready" and r.get("job") == job:
+                return r
+        time.sleep(0.01)
+    raise TimeoutError(f"{job}: no spare ready")
+
+
+def idle_cost(daemon: Wardend, job: str, pid: int) -> Record:
+    """The waiting spare's rss (``status``) and its CPU share over `IDLE_WINDOW_S`."""
+    proc = psutil.Process(pid)
+    before = proc.cpu_times()
+    time.sleep(IDLE_WINDOW_S)
+    after = proc.cpu_times()
+    used = (after.user + after.system) - (before.user + before.system)
+    spare = daemon.ask("status", job=job).get("spare") or {}
+    return {"idle_rss_mb": spare.get("rss_mb"), "idle_cpu_percent": 100 * used / IDLE_WINDOW_S}
+
+
 def settled(job: str) -> Any:
     """A predicate for the job's transition into a resting state."""
     return lambda r: (
@@ -116,9 +147,13 @@ def digits_text(job_id: str) -> str:
 
 def sample(daemon: Wardend, job: str, variant: str) -> Record:
     """One job of ``variant``: its kill(s) and the timeline of the measured recovery."""
-    daemon.drop(f"{job}.toml", digits_text(job) if variant == "digits" else job_text(job, JOB))
+    digits = variant.startswith("digits")
+    daemon.drop(f"{job}.toml", digits_text(job) if digits else job_text(job, JOB))
+    cost: Record = {}
     if variant == "spare":
         wait_spare(daemon)
+    if variant == "digits-spare":
+        cost = idle_cost(daemon, job, wait_program_spare(daemon, job)["pid"])
     killed = kill_after(daemon, job, 1, KILL_AT)
     measured = 2
     if variant == "old":
@@ -143,6 +178,7 @@ def sample(daemon: Wardend, job: str, variant: str) -> Record:
         "restore_s": kinds["ready"] - kinds["started"],
         "ready_to_progress_s": first["time"] - kinds["ready"],
         "spare": any(h.get("attempt") == measured for h in handed),
+        **cost,
     }
 
 
@@ -150,7 +186,15 @@ NAMES = {
     "old": "recovery: old policy (0.5 s backoff first), no spare",
     "cold": "recovery: new policy (first restart at once), no spare",
     "spare": "recovery: new policy + warm spare (default)",
-    "digits": "recovery: digits example (SDK, Flax), default settings",
+    "digits-cold": "recovery: digits example (SDK, Flax), no spare",
+    "digits-spare": "recovery: digits example (SDK, Flax), spare (default)",
+}
+FLAGS = {
+    "old": ("--no-warm-spare",),
+    "cold": ("--no-warm-spare",),
+    "spare": (),
+    "digits-cold": ("--spare-memory-mb", "0"),
+    "digits-spare": (),
 }
 
 
@@ -159,18 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--samples", type=int, default=7)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--variants", default=",".join(NAMES), help="comma-separated")
     args = parser.parse_args(argv)
+    chosen = [v for v in NAMES if v in args.variants.split(",")]
     base = Path(tempfile.mkdtemp(prefix="jw-recovery-"))
-    runs: dict[str, list[Record]] = {v: [] for v in NAMES}
+    runs: dict[str, list[Record]] = {v: [] for v in chosen}
     try:
         cache = private_dir(base / "cache")
-        with (
-            running(base / "old", cache, "--no-warm-spare") as old,
-            running(base / "cold", cache, "--no-warm-spare") as cold,
-            running(base / "spare", cache) as spare,
-            running(base / "digits", cache) as digits,
-        ):
-            daemons = {"old": old, "cold": cold, "spare": spare, "digits": digits}
+        with contextlib.ExitStack() as stack:
+            daemons = {v: stack.enter_context(running(base / v, cache, *FLAGS[v])) for v in chosen}
             for v, d in daemons.items():  # warm the compile cache and start the spare
                 sample(d, f"warmup-{v}", v)
             for i in range(args.samples):
@@ -180,28 +221,39 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     measures = []
-    for v, name in NAMES.items():
-        rows = runs[v]
+    for v in chosen:
+        name, rows = NAMES[v], runs[v]
         keys = [k for k in rows[0] if k.endswith("_s") and k != "recovery_s"]
+        costs = {k: median([r[k] for r in rows]) for k in rows[0] if k.startswith("idle_")}
         measures.append(
             Measure(
                 name,
                 [r["recovery_s"] for r in rows],
                 unit="s",
-                target_s=TARGET_S if v == "spare" else None,
+                target_s=TARGET_S if v.endswith("spare") else None,
                 target_on="p50",
                 note="SIGKILL after update 40 -> first progress of the next attempt",
                 extra={
                     "breakdown_p50_s": {k: median([r[k] for r in rows]) for k in keys},
                     "handed_to_spare": sum(r["spare"] for r in rows),
+                    **({"idle_spare_p50": costs} if costs else {}),
                     "runs": rows,
                 },
             )
         )
     print()
     print(table(measures))
-    p50 = {v: m.stat("p50") for v, m in zip(NAMES, measures, strict=True)}
-    print(f"\nratio spare/old p50: {p50['spare'] / p50['old']:.3f}")
+    p50 = {v: m.stat("p50") or 0.0 for v, m in zip(chosen, measures, strict=True)}
+    ratios = {}
+    for over, under in (("spare", "old"), ("digits-spare", "digits-cold")):
+        if over in p50 and under in p50:
+            ratios[f"{over}/{under}"] = p50[over] / p50[under]
+            print(f"\nratio {over}/{under} p50: {ratios[f'{over}/{under}']:.3f}")
+    idle = runs.get("digits-spare", [])
+    if idle:
+        rss = median([r["idle_rss_mb"] for r in idle if r.get("idle_rss_mb")])
+        cpu = median([r["idle_cpu_percent"] for r in idle])
+        print(f"idle digits spare: rss {rss:.0f} MB, cpu {cpu:.2f} % (p50)")
     for m in measures:
         print(f"  {m.name}: handed to a spare {m.extra['handed_to_spare']}/{len(m.samples)}")
         print("    " + "  ".join(f"{k} {v:.3f}" for k, v in m.extra["breakdown_p50_s"].items()))
@@ -211,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         "created": time.time(),
         "samples": args.samples,
         "cpus": os.cpu_count(),
-        "ratio_spare_over_old_p50": p50["spare"] / p50["old"],
+        "ratios_p50": ratios,
         "measures": [m.as_record() for m in measures],
         "figures": records(figures(measures)),
     }
@@ -227,10 +279,11 @@ def figures(measures: list[Measure]) -> list[Figure]:
         p50 = m.stat("p50")
         assert p50 is not None
         name = f"{m.name.removeprefix('recovery: ')}, SIGKILL to first resumed progress, p50"
+        label = name if "digits" in m.name else f"linreg, {name}"
         if m.target_s is not None:
-            out.append(at_most(f"linreg, {name}", p50, m.target_s, ".3f", " s"))
+            out.append(at_most(label, p50, m.target_s, ".3f", " s"))
         else:
-            out.append(context(name if "digits" in m.name else f"linreg, {name}", p50, ".3f", " s"))
+            out.append(context(label, p50, ".3f", " s"))
     return out
 
 
