@@ -176,3 +176,64 @@ def test_a_job_cancelled_while_its_spare_waits_leaves_no_process(
     wait_until(lambda: gone(spare["pid"]), timeout=10, what="the spare gone")
     assert naming(folder) == []
     assert daemon.state("user")["state"] == "cancelled"
+
+
+def test_a_hung_spare_is_passed_over_and_the_job_starts_cold(daemon: Daemon, program: Path) -> None:
+    """A stopped (SIGSTOP) spare: the handoff times out, it is killed, attempt 2 starts cold."""
+    drop_job(daemon, program)
+    spare = wait_spare(daemon, "user")
+    os.kill(spare["pid"], signal.SIGSTOP)
+    crash_at_step(daemon, "user", 5)
+    status = daemon.wait("user", timeout=120)
+    (refused,) = log_records(daemon, "spare.refused")
+    started = [e for e in daemon.events("user", 2) if e["event"] == "started"]
+    assert refused["pid"] == spare["pid"]
+    assert "TimeoutError" in refused["answer"]["error"]
+    assert started[0]["pid"] != spare["pid"]
+    assert gone(spare["pid"])
+    assert (status["state"], status["attempt"]) == ("completed", 2)
+
+
+def test_a_spare_over_the_memory_cap_is_killed(
+    tmp_path: Path, compile_cache: Path, program: Path
+) -> None:
+    """--spare-memory-mb 1: the ready spare is killed at once and its job gets no other."""
+    with Daemon(tmp_path / "root", compile_cache, "--spare-memory-mb", "1") as capped:
+        drop_job(capped, program)
+        (over,) = wait_until(
+            lambda: log_records(capped, "spare.over_memory"), timeout=90, what="over memory"
+        )
+        (ready,) = log_records(capped, "spare.ready")
+        wait_until(lambda: gone(ready["pid"]), timeout=10, what="the spare gone")
+        spare = capped.state("user").get("spare")
+        status = capped.wait("user", timeout=120)
+    assert over["rss_mb"] > over["limit_mb"] == 1
+    assert spare is None
+    assert len(log_records(capped, "spare.started")) == 1
+    assert status["state"] == "completed"
+
+
+def test_a_daemon_killed_during_a_handoff_leaves_one_writer(
+    tmp_path: Path, compile_cache: Path, program: Path
+) -> None:
+    """kill -9 of wardend as the spare is handed attempt 2: the restarted daemon waits for
+    that process before it starts the next attempt, and the job completes."""
+    first = Daemon(tmp_path / "root", compile_cache).start()
+    try:
+        drop_job(first, program)
+        spare = wait_spare(first, "user")
+        (folder,) = (first.job_folder("user") / "spares").iterdir()
+        crash_at_step(first, "user", 5)
+        wait_until((folder / "handed").exists, timeout=30, what="the handed file")
+    finally:
+        first.stop(signal.SIGKILL)
+    with Daemon(tmp_path / "root", compile_cache) as second:
+        status = second.wait("user", timeout=120)
+        waited = [r["pid"] for r in log_records(second, "orphan.waiting")]
+        last = status["attempt"]
+        started = [e for e in second.events("user", last) if e["event"] == "started"]
+    assert (folder / "handed").read_text() == str(second.attempt_folder("user", 2))
+    assert gone(spare["pid"])
+    assert waited in ([], [spare["pid"]])
+    assert (status["state"], status["step"]) == ("completed", 8)
+    assert started[0]["pid"] != spare["pid"]
