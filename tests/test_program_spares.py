@@ -101,18 +101,27 @@ def naming(folder: Path) -> list[int]:
 def test_a_crash_is_handed_to_the_programs_spare_and_verified(
     daemon: Daemon, program: Path
 ) -> None:
-    """SIGKILL of attempt 1: attempt 2 is the waiting spare (holding nothing before), verified."""
+    """SIGKILL of attempt 1: attempt 2 is the waiting spare (holding nothing before), verified;
+    once the job completes no spare is left."""
     drop_job(daemon, program)
     spare = wait_spare(daemon, "user")
     checkpoints = daemon.root / "checkpoints" / "user"
     held_while_waiting = open_under(spare["pid"], checkpoints)
     crash_at_step(daemon, "user", 5)
     status = daemon.wait("user", timeout=120)
+    folders = list((daemon.job_folder("user") / "spares").iterdir())
+    left = wait_until(
+        lambda: [pid for folder in folders for pid in naming(folder)],
+        lambda pids: pids == [],
+        timeout=10,
+        what="no spare left once the job completed",
+    )
     (handed,) = log_records(daemon, "spare.handed")
     resumed = daemon.events("user", 2)
     (incident,) = daemon.incidents("user")
     spare_stderr = next((daemon.job_folder("user") / "spares").glob("*/stderr.log"))
     assert held_while_waiting == []
+    assert left == []
     assert spare["rss_mb"] > 0
     assert (status["state"], status["attempt"], status["step"]) == ("completed", 2, 8)
     assert (handed["pid"], handed["attempt"]) == (spare["pid"], 2)

@@ -119,11 +119,16 @@ class ProgramSpares:
     handed: int = 0
     _background: Background = field(default_factory=lambda: Background("program-spare"))
     _dying: set[asyncio.subprocess.Process] = field(default_factory=set)
+    _live: set[str] = field(default_factory=set)
+    """The jobs with an attempt started and not yet settled: only these get a spare."""
+    _starting: set[str] = field(default_factory=set)
+    """The jobs whose spare is being started: never two at once."""
 
     async def start(self, spec: LaunchSpec, spawn: Spawn, adopt: Adopt) -> RunningAttempt:
         """``spec``'s attempt on the job's ready spare, else cold; then a spare for the next."""
         key = program_key(spec)
         assert key is not None
+        self._live.add(spec.job_id)
         attempt = await self._hand(key, spec, adopt)
         delay = REPLACE_AFTER_S
         if attempt is None:
@@ -181,6 +186,8 @@ class ProgramSpares:
     async def _ensure(self, key: str, spec: LaunchSpec, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
         job_id = spec.job_id
+        if job_id not in self._live or job_id in self._starting:
+            return  # settled meanwhile, or another start is under way
         current = self.spares.get(job_id)
         if self.failures.get(job_id, 0) >= MAX_FAILURES:
             return
@@ -188,6 +195,19 @@ class ProgramSpares:
             return
         if current is not None:
             self.retire(job_id, "job changed")
+        self._starting.add(job_id)
+        try:
+            spare = await self._spawn(key, spec)
+        finally:
+            self._starting.discard(job_id)
+        self.spares[job_id] = spare
+        self._background.spawn(self._watch(job_id, spare, spec))
+        log.info("spare.started", job=job_id, pid=spare.proc.pid, folder=str(spare.folder))
+        if job_id not in self._live:  # the job settled while its spare was starting
+            self.retire(job_id, "job settled")
+
+    async def _spawn(self, key: str, spec: LaunchSpec) -> ProgramSpare:
+        """Start the program as a spare of ``spec``'s job, in a folder of its own."""
         folder = spec.folder.parent.parent / "spares" / str(time.time_ns())
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         run_file = folder / RUN_FILE
@@ -211,10 +231,7 @@ class ProgramSpares:
                 limit=LINE_LIMIT,
             )
             CHILDREN.follow(proc)
-        ready = asyncio.get_running_loop().create_future()
-        spare = self.spares[job_id] = ProgramSpare(key, proc, folder, ready)
-        self._background.spawn(self._watch(job_id, spare, spec))
-        log.info("spare.started", job=job_id, pid=proc.pid, folder=str(folder))
+        return ProgramSpare(key, proc, folder, asyncio.get_running_loop().create_future())
 
     async def _watch(self, job_id: str, spare: ProgramSpare, spec: LaunchSpec) -> None:
         """Wait for its ready line; then, while it waits, for its death (it is replaced)."""
@@ -270,6 +287,7 @@ class ProgramSpares:
 
     def settled(self, job_id: str) -> None:
         """The job rests: its spare goes, and its failures are forgotten."""
+        self._live.discard(job_id)
         self.retire(job_id, "job settled")
         self.failures.pop(job_id, None)
 
