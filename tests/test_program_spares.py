@@ -65,7 +65,7 @@ def wait_spare(daemon: Daemon, job_id: str, other_than: int = 0) -> dict[str, An
 
     found: dict[str, Any] = wait_until(
         spare,
-        lambda s: s.get("state") == "ready" and s["pid"] != other_than,
+        lambda s: s.get("state") == "ready" and s.get("pid") != other_than,
         timeout=90,
         what="a ready spare",
     )
@@ -246,3 +246,36 @@ def test_a_daemon_killed_during_a_handoff_leaves_one_writer(
     assert waited in ([], [spare["pid"]])
     assert (status["state"], status["step"]) == ("completed", 8)
     assert started[0]["pid"] != spare["pid"]
+
+
+def test_a_two_process_job_is_recovered_on_a_spare_per_member_verified(
+    daemon: Daemon, program: Path
+) -> None:
+    """Member 1 SIGKILLed: the restart-all hands each member to its own spare, verified."""
+    text = command_job(
+        "pair",
+        [sys.executable, str(program)],
+        workdir=str(program.parent),
+        run={"steps": 8, "processes": 2},
+        faults=SLOW_FIRST_ATTEMPT,
+        supervision={"stall_timeout_s": 60},
+    )
+    daemon.drop("pair.toml", text)
+    daemon.wait("pair", ANY_STATE, timeout=30)
+    spares = wait_spare(daemon, "pair")["members"]
+    status = wait_until(
+        lambda: daemon.state("pair"), lambda s: (s["step"] or 0) >= 5, timeout=90, what="step 5"
+    )
+    os.kill(status["members"][1]["pid"], signal.SIGKILL)
+    status = daemon.wait("pair", timeout=120)
+    handed = log_records(daemon, "spare.handed")
+    (incident,) = daemon.incidents("pair")
+    folder = daemon.attempt_folder("pair", 2)
+    members = [folder / "events.jsonl", folder / "events.1.jsonl"]
+    started = [json.loads(path.read_text().splitlines()[0]) for path in members]
+    assert sorted(h["pid"] for h in handed) == sorted(s["pid"] for s in spares)
+    assert [h["attempt"] for h in handed] == [2, 2]
+    assert [e["event"] for e in started] == ["started", "started"]
+    assert [e["pid"] for e in started] == [s["pid"] for s in spares]
+    assert (status["state"], status["attempt"], status["step"]) == ("completed", 2, 8)
+    assert (incident["kind"], incident["status"]) == ("crash", "verified")

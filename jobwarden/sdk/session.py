@@ -243,6 +243,8 @@ class Session:
             self._runtime()  # a spare: what does not depend on the run's identity, no lock
             data_files = [Path(p).resolve() for p in request.data_files or ()]
             self._spare = SpareWait(stream.raw, self.identity.sources, data_files)
+            if SpareWait.member(environ):  # it joins the others before any JAX computation
+                self._hand_off()
         else:
             self._writer()
             self._runtime()

@@ -6,7 +6,8 @@ program runs as it always does: its imports, its data, its model and optimizer,
 and `jobwarden.sdk.attach` pins the runtime and imports JAX.  The run holds no
 writer lock and opens nothing under the checkpoint directory; it emits nothing.
 At the first call that needs the run's identity (``run.restore``, ``run.restored``,
-``run.checkpoint_dir``, ``run.emit``, ``run.steps``), after the program's
+``run.checkpoint_dir``, ``run.emit``, ``run.steps``; for a member of a
+multi-process job, as the run is entered, before `jax.distributed` is joined), after the program's
 ``warmup`` has compiled its update on the initial state's shapes, it writes one
 line on stdout (`READY`, never an event) and waits on stdin.
 
@@ -33,6 +34,7 @@ from typing import IO, Any
 
 from jobwarden.hashing import files_digest
 from jobwarden.runtime import exit_now
+from jobwarden.sdk.distributed import PROCESSES_ENV
 from jobwarden.sdk.settings import RUN_FILE_ENV
 
 SPARE_ENV = "JOBWARDEN_SPARE"
@@ -46,25 +48,28 @@ REFUSED_STATUS = 75
 
 @dataclass(frozen=True)
 class Handoff:
-    """The attempt a spare is handed: its run file, its ``stderr.log``, and the folder to move
-    into (None: the job's own workdir, where the spare already is)."""
+    """The attempt a spare is handed: its run file, its ``stderr.log``, the folder to move
+    into (None: the job's own workdir, where the spare already is), and the environment the
+    attempt sets anew (a member's coordinator, chosen per attempt)."""
 
     run_file: Path
     stderr: Path
     cwd: Path | None
+    env: Mapping[str, str]
 
     @classmethod
     def parse(cls, line: str) -> Handoff:
         """From the daemon's one line; a line that is not one ends the spare."""
         document = json.loads(line)
-        cwd = document.get("cwd")
-        return cls(Path(document["run_file"]), Path(document["stderr"]), Path(cwd) if cwd else None)
+        cwd, env = document.get("cwd"), document.get("env") or {}
+        folder = Path(cwd) if cwd else None
+        return cls(Path(document["run_file"]), Path(document["stderr"]), folder, dict(env))
 
     def line(self) -> str:
         """The line the daemon writes."""
         cwd = str(self.cwd) if self.cwd is not None else None
         record = {"run_file": str(self.run_file), "stderr": str(self.stderr), "cwd": cwd}
-        return json.dumps(record) + "\n"
+        return json.dumps({**record, "env": dict(self.env)}) + "\n"
 
 
 def _stats(paths: Sequence[Path]) -> list[tuple[str, int, int]]:
@@ -108,6 +113,12 @@ class SpareWait:
     def wanted(environ: Mapping[str, str]) -> bool:
         """Whether this process is a spare (`SPARE_ENV`)."""
         return environ.get(SPARE_ENV) == "1"
+
+    @staticmethod
+    def member(environ: Mapping[str, str]) -> bool:
+        """Whether this spare is a member of a multi-process job: it waits as the run is
+        entered, since `jax.distributed` must be joined before any JAX computation."""
+        return environ.get(PROCESSES_ENV, "1") not in ("", "0", "1")
 
     def _say(self, what: str, **fields: Any) -> None:
         self._out.write(json.dumps({"spare": what, "pid": os.getpid(), **fields}) + "\n")
@@ -162,5 +173,6 @@ class SpareWait:
         os.close(stderr)
         if handoff.cwd is not None:
             os.chdir(handoff.cwd)
+        os.environ.update(handoff.env)
         os.environ[RUN_FILE_ENV] = str(handoff.run_file)
         os.environ.pop(SPARE_ENV, None)

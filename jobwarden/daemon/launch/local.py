@@ -166,7 +166,14 @@ class LocalLauncher(Launcher):
         """Spawn the worker in a new session, stderr straight to stderr.log; N cooperating
         members for ``processes = N`` (`jobwarden.daemon.launch.members`)."""
         if spec.processes > 1:
-            return await GroupAttempt.start(spec, self.spawn)
+            programs = self.programs if program_key(spec) is not None else None
+            if programs is None:
+                return await GroupAttempt.start(spec, self.spawn)
+
+            async def member(one: LaunchSpec, stderr_name: str) -> RunningAttempt:
+                return await programs.start(one, self.spawn, LocalAttempt, stderr_name)
+
+            return await GroupAttempt.start(spec, member)  # each member on its own spare
         if self.programs is not None and program_key(spec) is not None:
             return await self.programs.start(spec, self.spawn, LocalAttempt)
         if self.spares is not None:

@@ -1,20 +1,23 @@
 """Spares of users' SDK programs: one per command job, started ahead of the attempt that needs it.
 
-A command job with ``sdk = true`` and one process gets a spare once its first
-attempt is under way (`FIRST_AFTER_S`): its own command, workdir and
+A command job with ``sdk = true`` gets a spare once its first attempt is under
+way (`FIRST_AFTER_S`), one per member of a multi-process job (each slot,
+`slot_of`, is a job and a member index): its own command, workdir and
 environment, with ``$JOBWARDEN_SPARE`` set, in a folder of its own
-(``jobs/<job>/spares/<n>``: its ``stderr.log`` and a copy of the attempt's
-run file).  The program runs up to its restore point and says it is ready
-(`jobwarden.sdk.spare`); it holds no lock and nothing under the checkpoint
-directory.  The job's next attempt is handed to it over its stdin; the spare
-answers within `HANDOFF_S` that it took the attempt, or refuses (its sources
-or data files changed since it started: a cold start would run other code),
-and the daemon starts the attempt cold whenever it does not say ``taken`` in
-time.  Its ``HANDED_FILE`` names the attempt before the handoff, so a
-restarted daemon finds the worker as it finds a cold one.
+(``jobs/<job>/spares/<n>``: its ``stderr.log`` and a copy of the attempt's run
+file). What an attempt sets anew (`PER_ATTEMPT_ENV`: the run file, a member's
+coordinator) is told to the spare in the handoff. The program runs up to its
+restore point and says it is ready (`jobwarden.sdk.spare`); it holds no lock
+and nothing under the checkpoint directory. The job's next attempt is handed
+to it over its stdin; the spare answers within `HANDOFF_S` that it took the
+attempt, or refuses (its sources or data files changed since it started: a
+cold start would run other code), and the daemon starts the attempt cold
+whenever it does not say ``taken`` in time. Its ``HANDED_FILE`` names the
+attempt before the handoff, so a restarted daemon finds the worker as it finds
+a cold one.
 
 A spare that dies while waiting is replaced, up to `MAX_FAILURES` times per
-job; one that is still preparing when it is needed is not waited for.  A
+slot; one that is still preparing when it is needed is not waited for.  A
 spare is killed with its process group and every process naming its folder
 when its job settles, when the job's command, workdir or environment change,
 when its memory would take all spares over ``--spare-memory-mb``, and when the
@@ -47,6 +50,7 @@ from jobwarden.daemon.launch.spares import HANDED_FILE
 from jobwarden.daemon.store.evidence import keep, open_evidence
 from jobwarden.jobfolder import STDERR_FILE
 from jobwarden.runtime import SUPERVISOR_ENV
+from jobwarden.sdk.distributed import COORDINATOR_ENV, PROCESS_ID_ENV
 from jobwarden.sdk.settings import RUN_FILE_ENV
 from jobwarden.sdk.spare import READY, SPARE_ENV, TAKEN, Handoff
 
@@ -56,6 +60,10 @@ FIRST_AFTER_S = 1.0
 """A job's first spare starts this long after its attempt: not beside its imports."""
 REPLACE_AFTER_S = 0.5
 """After a handoff or a spare's death, the next spare starts this much later."""
+MEMBER_REPLACE_AFTER_S = 10.0
+"""The same for a member's spare: a handed member still builds its model and compiles after
+the handoff (it waited before joining the others), which the next spare's start-up would
+slow on a small machine."""
 HANDOFF_S = 1.0
 """A spare that has not said ``taken`` this long after the handoff is killed; the attempt
 starts cold."""
@@ -68,14 +76,23 @@ Spawn = Callable[[LaunchSpec, str], Awaitable[RunningAttempt]]
 Adopt = Callable[[LaunchSpec, asyncio.subprocess.Process], RunningAttempt]
 
 
+PER_ATTEMPT_ENV = (RUN_FILE_ENV, COORDINATOR_ENV)
+"""What an attempt's environment sets anew each time (a spare is told them at the handoff)."""
+
+
 def program_key(spec: LaunchSpec) -> str | None:
-    """What a spare must share with ``spec``'s attempt: the job, its argv, workdir and
-    environment (but the run file's path); None when the attempt can have no spare."""
+    """What a spare must share with ``spec``'s attempt (or member): the job, its argv, workdir
+    and environment (but what is set per attempt); None when it can have no spare."""
     job = spec.job
-    if job is None or job.program is None or not job.program.sdk or spec.processes != 1:
+    if job is None or job.program is None or not job.program.sdk:
         return None
-    env = sorted((k, v) for k, v in spec.env.items() if k != RUN_FILE_ENV)
+    env = sorted((k, v) for k, v in spec.env.items() if k not in PER_ATTEMPT_ENV)
     return json.dumps([job.id, spec.argv, job.program.workdir, env])
+
+
+def slot_of(spec: LaunchSpec) -> str:
+    """The spare's place: the job, and the member's index (0 for a job of one process)."""
+    return f"{spec.job_id}/{spec.env.get(PROCESS_ID_ENV, '0')}"
 
 
 def _workdir(spec: LaunchSpec) -> str | None:
@@ -110,7 +127,8 @@ class ProgramSpare:
 
 @dataclass
 class ProgramSpares:
-    """The spares of SDK programs, one per job."""
+    """The spares of SDK programs, one per job (one per member of a multi-process job), by
+    slot (`slot_of`)."""
 
     memory_mb: float | None = None
     """The memory all spares together may hold (``--spare-memory-mb``); None: no cap."""
@@ -122,41 +140,52 @@ class ProgramSpares:
     _live: set[str] = field(default_factory=set)
     """The jobs with an attempt started and not yet settled: only these get a spare."""
     _starting: set[str] = field(default_factory=set)
-    """The jobs whose spare is being started: never two at once."""
+    """The slots whose spare is being started: never two at once."""
 
-    async def start(self, spec: LaunchSpec, spawn: Spawn, adopt: Adopt) -> RunningAttempt:
-        """``spec``'s attempt on the job's ready spare, else cold; then a spare for the next."""
+    async def start(
+        self, spec: LaunchSpec, spawn: Spawn, adopt: Adopt, stderr_name: str = STDERR_FILE
+    ) -> RunningAttempt:
+        """``spec``'s attempt (or member) on its ready spare, else cold (``spawn``); then a
+        spare for the next."""
         key = program_key(spec)
         assert key is not None
         self._live.add(spec.job_id)
-        attempt = await self._hand(key, spec, adopt)
-        delay = REPLACE_AFTER_S
+        attempt = await self._hand(key, spec, adopt, stderr_name)
+        delay = MEMBER_REPLACE_AFTER_S if PROCESS_ID_ENV in spec.env else REPLACE_AFTER_S
         if attempt is None:
-            attempt, delay = await spawn(spec, STDERR_FILE), FIRST_AFTER_S
+            attempt, delay = await spawn(spec, stderr_name), FIRST_AFTER_S
         self._background.spawn(self._ensure(key, spec, delay))
         return attempt
 
     def view(self, job_id: str) -> dict[str, Any] | None:
-        """The job's spare as ``status`` shows it; None when it has none."""
-        spare = self.spares.get(job_id)
-        return spare.view() if spare is not None else None
+        """The job's spare as ``status`` shows it (for several members: their memory summed,
+        ``ready`` once all are, and each one); None when it has none."""
+        views = [s.view() for slot, s in self.spares.items() if slot.startswith(f"{job_id}/")]
+        if len(views) <= 1:
+            return views[0] if views else None
+        ready = all(v["state"] == "ready" for v in views)
+        total = round(sum(v["rss_mb"] for v in views), 1)
+        return {"state": "ready" if ready else "preparing", "rss_mb": total, "members": views}
 
     def pids(self) -> list[int]:
         """The pids of the spares not handed out."""
         return [s.proc.pid for s in self.spares.values() if s.proc.returncode is None]
 
-    async def _hand(self, key: str, spec: LaunchSpec, adopt: Adopt) -> RunningAttempt | None:
-        spare = self.spares.get(spec.job_id)
+    async def _hand(
+        self, key: str, spec: LaunchSpec, adopt: Adopt, stderr_name: str
+    ) -> RunningAttempt | None:
+        slot = slot_of(spec)
+        spare = self.spares.get(slot)
         if spare is None:
             return None
         if spare.key != key:
-            self.retire(spec.job_id, "job changed")
+            self.retire(slot, "job changed")
             return None
         if not spare.usable() or spare.proc.stdin is None or spare.proc.stdout is None:
             return None  # still preparing (or just died): the attempt does not wait for it
-        del self.spares[spec.job_id]
+        del self.spares[slot]
         spec.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        stderr = spec.folder / STDERR_FILE
+        stderr = spec.folder / stderr_name
         open_evidence(stderr).close()  # created here as the daemon creates it: never a link
         if (error := keep(spare.folder / HANDED_FILE, str(spec.folder))) is not None:
             log.warning("spare.unrecorded", pid=spare.proc.pid, error=error)
@@ -164,7 +193,8 @@ class ProgramSpares:
             return None
         # A job without a workdir runs in its attempt's folder: the spare moves there.
         cwd = None if _workdir(spec) is not None else spec.folder
-        handoff = Handoff(Path(spec.env[RUN_FILE_ENV]), stderr, cwd)
+        anew = {name: spec.env[name] for name in PER_ATTEMPT_ENV if name in spec.env}
+        handoff = Handoff(Path(spec.env[RUN_FILE_ENV]), stderr, cwd, anew)
         began = time.monotonic()
         try:
             spare.proc.stdin.write(handoff.line().encode())
@@ -185,30 +215,32 @@ class ProgramSpares:
 
     async def _ensure(self, key: str, spec: LaunchSpec, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
-        job_id = spec.job_id
-        if job_id not in self._live or job_id in self._starting:
+        slot = slot_of(spec)
+        if spec.job_id not in self._live or slot in self._starting:
             return  # settled meanwhile, or another start is under way
-        current = self.spares.get(job_id)
-        if self.failures.get(job_id, 0) >= MAX_FAILURES:
+        current = self.spares.get(slot)
+        if self.failures.get(slot, 0) >= MAX_FAILURES:
             return
         if current is not None and current.proc.returncode is None and current.key == key:
             return
         if current is not None:
-            self.retire(job_id, "job changed")
-        self._starting.add(job_id)
+            self.retire(slot, "job changed")
+        self._starting.add(slot)
         try:
             spare = await self._spawn(key, spec)
         finally:
-            self._starting.discard(job_id)
-        self.spares[job_id] = spare
-        self._background.spawn(self._watch(job_id, spare, spec))
-        log.info("spare.started", job=job_id, pid=spare.proc.pid, folder=str(spare.folder))
-        if job_id not in self._live:  # the job settled while its spare was starting
-            self.retire(job_id, "job settled")
+            self._starting.discard(slot)
+        self.spares[slot] = spare
+        self._background.spawn(self._watch(slot, spare, spec))
+        log.info("spare.started", job=spec.job_id, slot=slot, pid=spare.proc.pid)
+        if spec.job_id not in self._live:  # the job settled while its spare was starting
+            self.retire(slot, "job settled")
 
     async def _spawn(self, key: str, spec: LaunchSpec) -> ProgramSpare:
         """Start the program as a spare of ``spec``'s job, in a folder of its own."""
-        folder = spec.folder.parent.parent / "spares" / str(time.time_ns())
+        member = spec.env.get(PROCESS_ID_ENV)
+        name = str(time.time_ns()) + (f"-{member}" if member is not None else "")
+        folder = spec.folder.parent.parent / "spares" / name
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         run_file = folder / RUN_FILE
         shutil.copyfile(spec.env[RUN_FILE_ENV], run_file)
@@ -233,9 +265,10 @@ class ProgramSpares:
             CHILDREN.follow(proc)
         return ProgramSpare(key, proc, folder, asyncio.get_running_loop().create_future())
 
-    async def _watch(self, job_id: str, spare: ProgramSpare, spec: LaunchSpec) -> None:
+    async def _watch(self, slot: str, spare: ProgramSpare, spec: LaunchSpec) -> None:
         """Wait for its ready line; then, while it waits, for its death (it is replaced)."""
         assert spare.proc.stdout is not None
+        job, pid = spec.job_id, spare.proc.pid
         answer: dict[str, Any] = {}
         try:
             async with asyncio.timeout(READY_TIMEOUT_S):
@@ -247,49 +280,51 @@ class ProgramSpares:
         except TimeoutError:
             answer = {}
         if not isinstance(answer, dict) or answer.get("spare") != READY:
-            folder = str(spare.folder)
-            log.warning("spare.unprepared", job=job_id, pid=spare.proc.pid, stderr=folder)
+            log.warning("spare.unprepared", job=job, slot=slot, pid=pid, stderr=str(spare.folder))
             spare.ready.set_result(False)
-            self._failed(job_id, spare, spec)
+            self._failed(slot, spare, spec)
             return
         spare.prepared_s = answer.get("prepared_s")
         spare.ready.set_result(True)
-        log.info("spare.ready", job=job_id, pid=spare.proc.pid, prepared_s=spare.prepared_s)
-        if self._over_memory(job_id, spare):
+        log.info("spare.ready", job=job, slot=slot, pid=pid, prepared_s=spare.prepared_s)
+        if self._over_memory(job, slot):
             return
         await spare.proc.wait()
-        if self.spares.get(job_id) is spare:  # died while waiting, not handed nor retired
-            log.warning("spare.died", job=job_id, pid=spare.proc.pid, status=spare.proc.returncode)
-            self._failed(job_id, spare, spec)
+        if self.spares.get(slot) is spare:  # died while waiting, not handed nor retired
+            status = spare.proc.returncode
+            log.warning("spare.died", job=job, slot=slot, pid=pid, status=status)
+            self._failed(slot, spare, spec)
 
-    def _failed(self, job_id: str, spare: ProgramSpare, spec: LaunchSpec) -> None:
-        self.failures[job_id] = self.failures.get(job_id, 0) + 1
-        self.retire(job_id, "failed")
+    def _failed(self, slot: str, spare: ProgramSpare, spec: LaunchSpec) -> None:
+        self.failures[slot] = self.failures.get(slot, 0) + 1
+        self.retire(slot, "failed")
         self._background.spawn(self._ensure(spare.key, spec, REPLACE_AFTER_S))
 
-    def _over_memory(self, job_id: str, spare: ProgramSpare) -> bool:
+    def _over_memory(self, job: str, slot: str) -> bool:
         if self.memory_mb is None:
             return False
         total = sum(s.view()["rss_mb"] for s in self.spares.values() if s.usable())
         if total <= self.memory_mb:
             return False
-        log.warning("spare.over_memory", job=job_id, rss_mb=total, limit_mb=self.memory_mb)
-        self.failures[job_id] = MAX_FAILURES  # the same program will not fit next time either
-        self.retire(job_id, "over memory")
+        log.warning("spare.over_memory", job=job, slot=slot, rss_mb=total, limit_mb=self.memory_mb)
+        self.failures[slot] = MAX_FAILURES  # the same program will not fit next time either
+        self.retire(slot, "over memory")
         return True
 
-    def retire(self, job_id: str, why: str) -> None:
-        """Kill the job's spare, if it has one, with its whole process tree."""
-        spare = self.spares.pop(job_id, None)
+    def retire(self, slot: str, why: str) -> None:
+        """Kill the spare of ``slot``, if there is one, with its whole process tree."""
+        spare = self.spares.pop(slot, None)
         if spare is not None:
-            log.info("spare.retired", job=job_id, pid=spare.proc.pid, why=why)
+            log.info("spare.retired", slot=slot, pid=spare.proc.pid, why=why)
             self._background.spawn(self._kill(spare))
 
     def settled(self, job_id: str) -> None:
-        """The job rests: its spare goes, and its failures are forgotten."""
+        """The job rests: its spares go, and their failures are forgotten."""
         self._live.discard(job_id)
-        self.retire(job_id, "job settled")
-        self.failures.pop(job_id, None)
+        for slot in [slot for slot in self.spares if slot.startswith(f"{job_id}/")]:
+            self.retire(slot, "job settled")
+        for slot in [slot for slot in self.failures if slot.startswith(f"{job_id}/")]:
+            del self.failures[slot]
 
     async def _kill(self, spare: ProgramSpare) -> None:
         """SIGKILL its group and every process naming its folder, and wait for it."""
