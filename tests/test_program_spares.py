@@ -107,6 +107,7 @@ def test_a_crash_is_handed_to_the_programs_spare_and_verified(
     spare = wait_spare(daemon, "user")
     checkpoints = daemon.root / "checkpoints" / "user"
     held_while_waiting = open_under(spare["pid"], checkpoints)
+    shown = ctl(daemon, "status", "user").stdout
     crash_at_step(daemon, "user", 5)
     status = daemon.wait("user", timeout=120)
     folders = list((daemon.job_folder("user") / "spares").iterdir())
@@ -121,6 +122,8 @@ def test_a_crash_is_handed_to_the_programs_spare_and_verified(
     (incident,) = daemon.incidents("user")
     spare_stderr = next((daemon.job_folder("user") / "spares").glob("*/stderr.log"))
     assert held_while_waiting == []
+    assert "spare: ready, " in shown
+    assert f"pid {spare['pid']}" in shown
     assert left == []
     assert spare["rss_mb"] > 0
     assert (status["state"], status["attempt"], status["step"]) == ("completed", 2, 8)
