@@ -282,3 +282,34 @@ def test_a_two_process_job_is_recovered_on_a_spare_per_member_verified(
     assert [e["pid"] for e in started] == [s["pid"] for s in spares]
     assert (status["state"], status["attempt"], status["step"]) == ("completed", 2, 8)
     assert (incident["kind"], incident["status"]) == ("crash", "verified")
+
+
+HOLDS_A_CHECKPOINT_FILE = """\
+    import json as _json, os as _os
+    _run = _json.loads(Path(_os.environ["JOBWARDEN_RUN_FILE"]).read_text())
+    _held = (Path(_run["checkpoint_dir"]) / "notes.txt").open("a")  # before run.restore
+"""
+"""Lines that break a spare's contract: a file under the checkpoint directory held open."""
+
+
+def test_a_spare_holding_a_checkpoint_file_is_refused_by_name(
+    daemon: Daemon, program: Path
+) -> None:
+    """A program that opens a file under its checkpoint directory before run.restore: its spare
+    refuses the handoff naming the file, the attempt starts cold, and no other spare starts."""
+    marker = "    parser.parse_args()  # the SDK took --checkpoint-dir out of sys.argv\n"
+    text = program.read_text()
+    program.write_text(text.replace(marker, marker + HOLDS_A_CHECKPOINT_FILE))
+    drop_job(daemon, program)
+    spare = wait_spare(daemon, "user")
+    crash_at_step(daemon, "user", 5)
+    status = daemon.wait("user", timeout=120)
+    (refused,) = log_records(daemon, "spare.refused")
+    started = [e for e in daemon.events("user", 2) if e["event"] == "started"]
+    notes = daemon.root / "checkpoints" / "user" / "notes.txt"
+    assert refused["pid"] == spare["pid"]
+    assert refused["answer"]["problems"] == [f"holds {notes} open before run.restore()"]
+    assert refused["answer"]["contract"] is True
+    assert len(log_records(daemon, "spare.started")) == 1
+    assert started[0]["pid"] != spare["pid"]
+    assert (status["state"], status["attempt"]) == ("completed", 2)

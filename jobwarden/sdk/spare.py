@@ -108,6 +108,9 @@ class SpareWait:
         self._source_digest = files_digest(self._sources)
         self._data_files = tuple(data_files)
         self._data_stats = _stats(self._data_files)
+        self.broken: list[str] = []
+        """What the program did before its restore point that a spare must not (`changed`):
+        every spare of it would be refused, so the daemon starts no more."""
 
     @staticmethod
     def wanted(environ: Mapping[str, str]) -> bool:
@@ -148,15 +151,14 @@ class SpareWait:
             problems.append(f"sources changed since the spare started ({names})")
         if _stats(self._data_files) != self._data_stats:
             problems.append("data files changed since the spare started")
-        if checkpoint_dir is not None:
-            for path in held_under(checkpoint_dir):
-                problems.append(f"holds {path} open before run.restore()")
-        return problems
+        held = held_under(checkpoint_dir) if checkpoint_dir is not None else []
+        self.broken = [f"holds {path} open before run.restore()" for path in held]
+        return problems + self.broken
 
     def refuse(self, problems: list[str]) -> None:
         """Say why this spare cannot be handed the attempt, and end."""
         sys.stderr.write("jobwarden: spare refused: " + "; ".join(problems) + "\n")
-        self._say(REFUSED, problems=problems)
+        self._say(REFUSED, problems=problems, contract=bool(self.broken))
         exit_now(REFUSED_STATUS)
 
     def take_over(self, handoff: Handoff, prints_to_stderr: bool) -> None:

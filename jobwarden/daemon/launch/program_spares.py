@@ -206,6 +206,8 @@ class ProgramSpares:
             answer = {"spare": "lost", "error": repr(error)}
         if not isinstance(answer, dict) or answer.get("spare") != TAKEN:
             log.warning("spare.refused", job=spec.job_id, pid=spare.proc.pid, answer=answer)
+            if isinstance(answer, dict) and answer.get("contract"):
+                self.failures[slot] = MAX_FAILURES  # its every spare would break it again
             await self._kill(spare)  # gone before the cold attempt: never two writers
             return None
         self.handed += 1
