@@ -15,23 +15,40 @@ one run):
   restart did; measured from that second kill;
 - *new policy, no spare*: ``--no-warm-spare``, the first restart is immediate;
 - *new policy, warm spare*: the default daemon;
-- *digits, default settings*: the SDK example of examples/digits (Flax NNX
-  and optax) as a command job on a default daemon, ``steps = 400``, the same
-  delay and kill.  SDK programs get no warm spare, so this is a cold start:
-  the interpreter, JAX and Flax imported, the data loaded, the update
-  compiled (from the shared compilation cache).  No target of its own.
+- *digits, no spare*: the SDK example of examples/digits (Flax NNX and
+  optax) as a command job, ``steps = 400``, the same delay and kill, on a
+  daemon with ``--spare-memory-mb 0`` (no spares of programs): a cold start,
+  the interpreter, JAX, Flax and optax imported, the data loaded, the update
+  compiled (from the shared compilation cache);
+- *digits, spare*: the same on a default daemon, killed once the job's spare
+  (the program waiting at ``run.restore``, its update compiled through
+  ``warmup=``) is ready: the target, p50 at most `TARGET_S`.  Before the kill
+  the idle spare's rss (its process tree, from ``status``) and CPU (psutil,
+  over `IDLE_WINDOW_S`) are read: what a spare costs while it waits.
+
+- *2-process digits, no spares / spares*: the digits program with ``[run]
+  processes = 2`` (each member a replica; member 0 holds the lock), on the
+  same two daemons; member 1 is SIGKILLed after update 40 (the spare variant
+  once both members' spares are ready), the restart-all starts both members
+  again. Measured from the kill to the first progress of *every* member of
+  the next attempt, and to the last member's ``started`` (the rejoin: the
+  coordinator joined). A member's spare waits as the run is entered, before
+  ``jax.distributed`` is joined (it must come before any JAX computation), so
+  it saves the interpreter, the imports and the data but not the model's
+  construction and compilation.
 
 The breakdown (p50): kill to ``attempt.exited`` (detection), to
 ``attempt.started`` (incident, backoff), to the worker's ``started`` event
 (process start or handoff, lock), to ``ready`` (restore), to the first progress.
 
-Run ``.venv/bin/python bench/recovery.py [--samples N]``; it prints a table and
-writes ``bench/results/recovery.json``.
+Run ``.venv/bin/python bench/recovery.py [--samples N] [--variants a,b]``; it
+prints a table and writes ``bench/results/recovery.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -42,7 +59,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from daemon import Measure, Wardend, is_event, job_text, median, private_dir, running, stamp, table
+import psutil
+from daemon import (
+    Measure,
+    Wardend,
+    is_event,
+    job_text,
+    median,
+    private_dir,
+    read_events,
+    running,
+    stamp,
+    table,
+)
+from daemon_records import first_time
 from figures import Figure, at_most, context, records
 
 RESULTS = Path(__file__).resolve().parent / "results" / "recovery.json"
@@ -50,6 +80,9 @@ KILL_AT = 40
 TARGET_S = 0.3
 JOB = {"run": {"steps": 400}, "faults": {"step_delay_s": 0.05}}
 DIGITS = Path(__file__).resolve().parent.parent / "examples" / "digits"
+IDLE_WINDOW_S = 2.0
+TARGETS_S = {"spare": TARGET_S, "digits-spare": TARGET_S, "pair-spare": 1.0}
+"""The p50 targets: 0.3 s for one process, 1 s for every member of a 2-process job."""
 Record = dict[str, Any]
 
 
@@ -87,6 +120,74 @@ def wait_spare(daemon: Wardend, timeout: float = 120) -> None:
     raise TimeoutError("no spare ready")
 
 
+def wait_program_spare(daemon: Wardend, job: str, timeout: float = 120, count: int = 1) -> Record:
+    """Until ``count`` of ``job``'s spares are ready; the first one's ``spare.ready`` record."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        daemon.log.poll()
+        ready = [
+            r for r in daemon.log.records if r.get("event") == "spare.ready" and r.get("job") == job
+        ]
+        if len(ready) >= count:
+            return ready[0]
+        time.sleep(0.01)
+    raise TimeoutError(f"{job}: no spare ready")
+
+
+def idle_cost(daemon: Wardend, job: str, pid: int) -> Record:
+    """The waiting spare's rss (``status``) and its CPU share over `IDLE_WINDOW_S`."""
+    proc = psutil.Process(pid)
+    before = proc.cpu_times()
+    time.sleep(IDLE_WINDOW_S)
+    after = proc.cpu_times()
+    used = (after.user + after.system) - (before.user + before.system)
+    spare = daemon.ask("status", job=job).get("spare") or {}
+    return {"idle_rss_mb": spare.get("rss_mb"), "idle_cpu_percent": 100 * used / IDLE_WINDOW_S}
+
+
+def member_events(daemon: Wardend, job: str, attempt: int) -> list[list[Record]]:
+    """Each member's events of ``attempt`` (events.jsonl, events.1.jsonl)."""
+    folder = daemon.attempt_folder(job, attempt)
+    return [read_events(folder / name) for name in ("events.jsonl", "events.1.jsonl")]
+
+
+def sample_pair(daemon: Wardend, job: str, variant: str) -> Record:
+    """One 2-process digits job: member 1 killed after `KILL_AT`, every member's recovery."""
+    daemon.drop(f"{job}.toml", digits_text(job, processes=2))
+    if variant == "pair-spare":
+        for _ in range(2):
+            wait_program_spare(daemon, job, count=2)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        events = member_events(daemon, job, 1)
+        if all(
+            any(e.get("step", 0) >= KILL_AT for e in m if e.get("event") == "progress")
+            for m in events
+        ):
+            break
+        time.sleep(0.002)
+    pid = next(e["pid"] for e in member_events(daemon, job, 1)[1] if e.get("event") == "started")
+    os.kill(pid, signal.SIGKILL)
+    killed = time.time()
+    firsts: list[float] = []
+    joined: list[float] = []
+    while time.monotonic() < deadline and len(firsts) < 2:
+        events = member_events(daemon, job, 2)
+        firsts = [t for m in events if (t := first_time(m, "progress")) is not None]
+        joined = [t for m in events if (t := first_time(m, "started")) is not None]
+        time.sleep(0.002)
+    daemon.wait_for(daemon.log, settled(job), 120)
+    handed = [
+        r for r in daemon.log.records if r.get("event") == "spare.handed" and r.get("job") == job
+    ]
+    return {
+        "job": job,
+        "recovery_s": max(firsts) - killed,
+        "rejoin_s": max(joined) - killed,
+        "spare": sum(h.get("attempt") == 2 for h in handed) == 2,
+    }
+
+
 def settled(job: str) -> Any:
     """A predicate for the job's transition into a resting state."""
     return lambda r: (
@@ -96,7 +197,7 @@ def settled(job: str) -> Any:
     )
 
 
-def digits_text(job_id: str) -> str:
+def digits_text(job_id: str, processes: int = 1) -> str:
     """The digits example as a command job, with `JOB`'s sections."""
     lines = [
         f'id = "{job_id}"',
@@ -106,6 +207,7 @@ def digits_text(job_id: str) -> str:
         "[run]",
         "steps = 400",
         "checkpoint_every = 10",
+        f"processes = {processes}",
         "[faults]",
         "step_delay_s = 0.05",
         "[supervision]",
@@ -116,9 +218,13 @@ def digits_text(job_id: str) -> str:
 
 def sample(daemon: Wardend, job: str, variant: str) -> Record:
     """One job of ``variant``: its kill(s) and the timeline of the measured recovery."""
-    daemon.drop(f"{job}.toml", digits_text(job) if variant == "digits" else job_text(job, JOB))
+    digits = variant.startswith("digits")
+    daemon.drop(f"{job}.toml", digits_text(job) if digits else job_text(job, JOB))
+    cost: Record = {}
     if variant == "spare":
         wait_spare(daemon)
+    if variant == "digits-spare":
+        cost = idle_cost(daemon, job, wait_program_spare(daemon, job)["pid"])
     killed = kill_after(daemon, job, 1, KILL_AT)
     measured = 2
     if variant == "old":
@@ -143,6 +249,7 @@ def sample(daemon: Wardend, job: str, variant: str) -> Record:
         "restore_s": kinds["ready"] - kinds["started"],
         "ready_to_progress_s": first["time"] - kinds["ready"],
         "spare": any(h.get("attempt") == measured for h in handed),
+        **cost,
     }
 
 
@@ -150,7 +257,19 @@ NAMES = {
     "old": "recovery: old policy (0.5 s backoff first), no spare",
     "cold": "recovery: new policy (first restart at once), no spare",
     "spare": "recovery: new policy + warm spare (default)",
-    "digits": "recovery: digits example (SDK, Flax), default settings",
+    "digits-cold": "recovery: digits example (SDK, Flax), no spare",
+    "digits-spare": "recovery: digits example (SDK, Flax), spare (default)",
+    "pair-cold": "recovery: 2-process digits, every member, no spares",
+    "pair-spare": "recovery: 2-process digits, every member, a spare each (default)",
+}
+FLAGS = {
+    "old": ("--no-warm-spare",),
+    "cold": ("--no-warm-spare",),
+    "spare": (),
+    "digits-cold": ("--spare-memory-mb", "0"),
+    "digits-spare": (),
+    "pair-cold": ("--spare-memory-mb", "0"),
+    "pair-spare": (),
 }
 
 
@@ -159,49 +278,62 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--samples", type=int, default=7)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--variants", default=",".join(NAMES), help="comma-separated")
     args = parser.parse_args(argv)
+    chosen = [v for v in NAMES if v in args.variants.split(",")]
     base = Path(tempfile.mkdtemp(prefix="jw-recovery-"))
-    runs: dict[str, list[Record]] = {v: [] for v in NAMES}
+    runs: dict[str, list[Record]] = {v: [] for v in chosen}
     try:
         cache = private_dir(base / "cache")
-        with (
-            running(base / "old", cache, "--no-warm-spare") as old,
-            running(base / "cold", cache, "--no-warm-spare") as cold,
-            running(base / "spare", cache) as spare,
-            running(base / "digits", cache) as digits,
-        ):
-            daemons = {"old": old, "cold": cold, "spare": spare, "digits": digits}
+        with contextlib.ExitStack() as stack:
+            daemons = {v: stack.enter_context(running(base / v, cache, *FLAGS[v])) for v in chosen}
             for v, d in daemons.items():  # warm the compile cache and start the spare
-                sample(d, f"warmup-{v}", v)
+                (sample_pair if v.startswith("pair") else sample)(d, f"warmup-{v}", v)
             for i in range(args.samples):
                 for v, d in daemons.items():
-                    runs[v].append(sample(d, f"{v}-{i:02d}", v))
+                    one = sample_pair if v.startswith("pair") else sample
+                    runs[v].append(one(d, f"{v}-{i:02d}", v))
                     print(f"{v} {i}: {runs[v][-1]['recovery_s']:.3f} s", flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     measures = []
-    for v, name in NAMES.items():
-        rows = runs[v]
+    for v in chosen:
+        name, rows = NAMES[v], runs[v]
         keys = [k for k in rows[0] if k.endswith("_s") and k != "recovery_s"]
+        costs = {k: median([r[k] for r in rows]) for k in rows[0] if k.startswith("idle_")}
         measures.append(
             Measure(
                 name,
                 [r["recovery_s"] for r in rows],
                 unit="s",
-                target_s=TARGET_S if v == "spare" else None,
+                target_s=TARGETS_S.get(v),
                 target_on="p50",
                 note="SIGKILL after update 40 -> first progress of the next attempt",
                 extra={
                     "breakdown_p50_s": {k: median([r[k] for r in rows]) for k in keys},
                     "handed_to_spare": sum(r["spare"] for r in rows),
+                    **({"idle_spare_p50": costs} if costs else {}),
                     "runs": rows,
                 },
             )
         )
     print()
     print(table(measures))
-    p50 = {v: m.stat("p50") for v, m in zip(NAMES, measures, strict=True)}
-    print(f"\nratio spare/old p50: {p50['spare'] / p50['old']:.3f}")
+    p50 = {v: m.stat("p50") or 0.0 for v, m in zip(chosen, measures, strict=True)}
+    ratios = {}
+    for over, under in (
+        ("spare", "old"),
+        ("digits-spare", "digits-cold"),
+        ("pair-spare", "pair-cold"),
+    ):
+        if over in p50 and under in p50:
+            ratios[f"{over}/{under}"] = p50[over] / p50[under]
+            print(f"\nratio {over}/{under} p50: {ratios[f'{over}/{under}']:.3f}")
+    idle = runs.get("digits-spare", [])
+    if idle:
+        rss = median([r["idle_rss_mb"] for r in idle if r.get("idle_rss_mb")])
+        cpu = median([r["idle_cpu_percent"] for r in idle])
+        print(f"idle digits spare: rss {rss:.0f} MB, cpu {cpu:.2f} % (p50)")
     for m in measures:
         print(f"  {m.name}: handed to a spare {m.extra['handed_to_spare']}/{len(m.samples)}")
         print("    " + "  ".join(f"{k} {v:.3f}" for k, v in m.extra["breakdown_p50_s"].items()))
@@ -211,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         "created": time.time(),
         "samples": args.samples,
         "cpus": os.cpu_count(),
-        "ratio_spare_over_old_p50": p50["spare"] / p50["old"],
+        "ratios_p50": ratios,
         "measures": [m.as_record() for m in measures],
         "figures": records(figures(measures)),
     }
@@ -227,10 +359,11 @@ def figures(measures: list[Measure]) -> list[Figure]:
         p50 = m.stat("p50")
         assert p50 is not None
         name = f"{m.name.removeprefix('recovery: ')}, SIGKILL to first resumed progress, p50"
+        label = name if "digits" in m.name else f"linreg, {name}"
         if m.target_s is not None:
-            out.append(at_most(f"linreg, {name}", p50, m.target_s, ".3f", " s"))
+            out.append(at_most(label, p50, m.target_s, ".3f", " s"))
         else:
-            out.append(context(name if "digits" in m.name else f"linreg, {name}", p50, ".3f", " s"))
+            out.append(context(label, p50, ".3f", " s"))
     return out
 
 

@@ -37,8 +37,8 @@ def main() -> None:
     ) as run:
         parser.parse_args()  # the SDK took its own options (--checkpoint-dir) out of sys.argv
         trainer = Trainer(config, data)
-        state = run.restore(trainer.init_state)
-        trainer.compile(state)
+        # The update is compiled on the state's shapes: in a spare, before it waits.
+        state = run.restore(trainer.init_state, warmup=trainer.compile)
         for step in run.steps(state):
             state, loss = trainer.step(state)
             metrics: dict[str, float] = {}

@@ -123,10 +123,21 @@ def render_job(data: dict[str, Any]) -> str:
         )
     ]
     lines += render_members(data.get("members"))
+    lines += render_spare(data.get("spare"))
     lines += render_goodput(data.get("goodput"))
     lines.append("history:")
     lines += [f"  {h.get('from', '-')} -> {h['to']}: {h['reason']}" for h in data["history"]]
     return "\n".join(lines)
+
+
+def render_spare(spare: dict[str, Any] | None) -> list[str]:
+    """The job's spare waiting for its next attempt, in one line (none without one)."""
+    if not spare:
+        return []
+    held = size(spare.get("rss_mb"))
+    if "members" in spare:
+        return [f"spare: {spare['state']}, {held}, one per member ({len(spare['members'])})"]
+    return [f"spare: {spare['state']}, {held}, pid {spare.get('pid')}"]
 
 
 MEMBERS_HEADER = ("MEMBER", "PID", "NODE", "RSS", "STEP", "LAST", "READY", "EXIT")

@@ -157,6 +157,13 @@ def parser() -> argparse.ArgumentParser:
         "default: one warm spare per task and configuration, docs/daemon.md)",
     )
     ap.add_argument(
+        "--spare-memory-mb",
+        type=float,
+        metavar="MB",
+        help="the memory the spares of SDK programs may hold together (0: no such spares; "
+        "default: no cap; a spare of a large model doubles its host memory while it waits)",
+    )
+    ap.add_argument(
         "--keep-finished",
         type=int,
         metavar="N",
@@ -184,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         launch = LaunchSettings(
             name=args.launcher,
             warm_spares=not args.no_warm_spare,
+            spare_memory_mb=args.spare_memory_mb,
             slurm=slurm_options(args),
         )
         chosen = registry.load(args.launcher, launch)

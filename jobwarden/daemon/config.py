@@ -61,7 +61,10 @@ class LaunchSettings:
     name: str = "local"
     """A ``jobwarden.launchers`` entry point, or ``module:attribute``."""
     warm_spares: bool = True
-    """One pre-started worker per task and configuration (launchers that have spares)."""
+    """One pre-started worker per task and configuration, and one per SDK command job
+    (launchers that have spares)."""
+    spare_memory_mb: float | None = None
+    """The memory all spares of SDK programs may hold together; None: no cap."""
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
 
 

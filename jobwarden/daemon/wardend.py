@@ -228,9 +228,11 @@ class Wardend:
         return supervisor
 
     def _settled(self, supervisor: Supervising) -> None:
-        """A supervisor's job needs no slot any more: free it and start the next job."""
+        """A supervisor's job needs no slot any more: free it (and its spare, if it has one)
+        and start the next job."""
         if self.supervisors.get(supervisor.record.id) is supervisor:
             del self.supervisors[supervisor.record.id]
+        self.launcher.settled(supervisor.record.id)
         self.schedule()
 
     def _owner_of(self, record: JobRecord) -> JobRecord | None:

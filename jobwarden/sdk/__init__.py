@@ -23,11 +23,12 @@ from typing import IO, Any
 
 from jobwarden.jobfile import FaultSection
 from jobwarden.sdk.generators import rng_state, set_rng_state
+from jobwarden.sdk.leaves import UsageError
 from jobwarden.sdk.position import Epochs, Position
 from jobwarden.sdk.provenance import DataHash
 from jobwarden.sdk.run import Run
 from jobwarden.sdk.script import ScriptRun
-from jobwarden.sdk.session import RunEnded, UsageError
+from jobwarden.sdk.session import RunEnded
 from jobwarden.sdk.settings import RUN_FILE_ENV, Checkpoints, Request, RunFile
 
 __all__ = [

@@ -6,6 +6,8 @@ update, recomputing the paths and asking JAX about each leaf's dtype costs more
 than hashing the bytes.  `Flattener` gives exactly what `jobwarden.statetree.flatten`
 gives (same paths, same arrays), caching the paths per tree structure (JAX's
 treedef, which fixes every key of the path) and the kind of leaf per dtype.
+`same_tree` refuses a state whose leaves drifted from the initial state's, with
+`UsageError`, the error of a program that calls the SDK out of order.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import numpy as np
 
 from jobwarden import statetree as state_tree
 from jobwarden.checkpoint.manifest import SAFETENSORS_DTYPES
+from jobwarden.checkpoint.validate import Expected
+from jobwarden.errors import WorkerInternalError
 from jobwarden.hashing import Leaves
 
 MAX_CACHED_TREES = 64
@@ -64,3 +68,23 @@ class Flattener:
         if np.dtype(leaf.dtype).name in SAFETENSORS_DTYPES:
             return "array"
         return "other"
+
+
+class UsageError(WorkerInternalError):
+    """Raised when a program calls the SDK out of order (an update never reported, a
+    state whose tree drifted, a restore after the loop began): a bug in the program."""
+
+
+def same_tree(specs: tuple[Any, ...], expected: Expected) -> None:
+    """Refuse to commit a state whose leaves drifted from the initial state's (no resume could
+    restore it): names the first leaf whose path, shape or dtype changed."""
+    if specs == expected.leaves:
+        return
+    for now, then in zip(specs, expected.leaves, strict=False):
+        if now != then:
+            raise UsageError(
+                f"the state changed structure since run.restore(): {now.path} "
+                f"{now.dtype}{list(now.shape)} was {then.path} {then.dtype}{list(then.shape)}",
+                leaf=now.path,
+            )
+    raise UsageError(f"the state has {len(specs)} leaves, run.restore() had {len(expected.leaves)}")

@@ -13,7 +13,7 @@ is hashed into every checkpoint's provenance.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from jobwarden import statetree as state_tree
@@ -22,7 +22,8 @@ from jobwarden.checkpoint.errors import StepOutOfRange
 from jobwarden.checkpoint.format import Manifest, Provenance, leaf_specs
 from jobwarden.errors import PreemptedExit, ResumePolicyError
 from jobwarden.hashing import Leaves
-from jobwarden.sdk.session import Session, UsageError, same_tree
+from jobwarden.sdk.leaves import UsageError, same_tree
+from jobwarden.sdk.session import Session
 from jobwarden.testfaults import Fault
 
 
@@ -31,14 +32,29 @@ class Run(Session):
 
     # -- restoring ---------------------------------------------------------------------------
 
-    def restore(self, init_state: Any) -> Any:
+    def restore(self, init_state: Any, warmup: Callable[[Any], Any] | None = None) -> Any:
         """The newest accepted compatible checkpoint's state, else ``init_state`` itself.
 
         ``init_state`` is the complete initial state, any pytree; it fixes the
         tree, shapes and dtypes every checkpoint must have.  Damaged files are
         quarantined and passed over; an incompatible one (another config, data,
         source, runtime or tree) ends the run with its error, with no fallback.
+
+        ``warmup``: called once with a state of the shapes the run starts from,
+        to compile the update ahead of the first step (its values must not
+        matter): in a spare, on ``init_state`` before the spare waits
+        (`jobwarden.sdk.spare`); otherwise on the state restored.
         """
+        warmed = self._spare is not None and warmup is not None
+        if warmup is not None and warmed:
+            warmup(state_tree.unflatten_like(init_state, dict(state_tree.flatten(init_state))))
+        self._hand_off()
+        state = self._restore(init_state)
+        if warmup is not None and not warmed:
+            warmup(state)
+        return state
+
+    def _restore(self, init_state: Any) -> Any:
         store = self._store
         if store is None and self.member.group and not self.member.writes:
             self._before_start("run.restore()")
@@ -108,6 +124,7 @@ class Run(Session):
         Nothing is validated: the ``restored`` event says ``checks: []`` and
         ``checkpointer: external``; replay is still verified from the state hashes.
         """
+        self._hand_off()
         if self._store is not None:
             raise UsageError("run.restored() is for checkpoints='external'; use run.restore()")
         self._before_start("run.restored()")
@@ -145,6 +162,7 @@ class Run(Session):
         exits 75.  After the last step it emits ``completed``.  Each yielded
         step must be reported with `progress` before the next one is asked for.
         """
+        self._hand_off()
         self._begin(state)
         total = self.settings.run.steps
         while self._step < total:

@@ -25,7 +25,7 @@ import atexit
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -74,10 +74,10 @@ class ScriptRun(Run):
             self._leave(error)
             raise  # not reached: leaving with an SDK error raises RunEnded
 
-    def restore(self, init_state: Any) -> Any:
+    def restore(self, init_state: Any, warmup: Callable[[Any], Any] | None = None) -> Any:
         """`Run.restore`; a refusal ends the process with its status."""
         with self._ends_on_error():
-            return super().restore(init_state)
+            return super().restore(init_state, warmup)
 
     def restored(self, step: int, state: Any, source: str = "") -> None:
         """`Run.restored`; a refusal ends the process with its status."""

@@ -17,6 +17,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -34,21 +35,14 @@ from jobwarden.sdk.commits import Committer
 from jobwarden.sdk.distributed import Membership
 from jobwarden.sdk.external import PendingSaves, unfinished_warning
 from jobwarden.sdk.faults import FaultPlan
-from jobwarden.sdk.leaves import Flattener
-from jobwarden.sdk.provenance import (
-    Identity,
-    data_identity,
-    normalize_config,
-    source_paths,
-)
+from jobwarden.sdk.leaves import Flattener, UsageError
+from jobwarden.sdk.provenance import Identity, data_identity, normalize_config, source_paths
 from jobwarden.sdk.settings import RUN_FILE_ENV, Request, Settings, resolve, split_argv
 from jobwarden.sdk.signals import Preemption
+from jobwarden.sdk.spare import SpareWait
 from jobwarden.sdk.stream import EventStream, RunEmitter
 
-
-class UsageError(WorkerInternalError):
-    """Raised when a program calls the SDK out of order (an update never reported, a
-    state whose tree drifted, a restore after the loop began): a bug in the program."""
+__all__ = ["Phase", "RunEnded", "Session", "UsageError"]
 
 
 class RunEnded(SystemExit):
@@ -62,21 +56,6 @@ class RunEnded(SystemExit):
     def __init__(self, exit_status: int) -> None:
         super().__init__(exit_status)
         self.exit_status = exit_status
-
-
-def same_tree(specs: tuple[Any, ...], expected: Expected) -> None:
-    """Refuse to commit a state whose leaves drifted from the initial state's (no resume could
-    restore it): names the first leaf whose path, shape or dtype changed."""
-    if specs == expected.leaves:
-        return
-    for now, then in zip(specs, expected.leaves, strict=False):
-        if now != then:
-            raise UsageError(
-                f"the state changed structure since run.restore(): {now.path} "
-                f"{now.dtype}{list(now.shape)} was {then.path} {then.dtype}{list(then.shape)}",
-                leaf=now.path,
-            )
-    raise UsageError(f"the state has {len(specs)} leaves, run.restore() had {len(expected.leaves)}")
 
 
 class Phase(enum.Enum):
@@ -123,6 +102,11 @@ class Session:
         self._hashed: tuple[int, str, dict[str, str]] = (-1, "", {})
         self._state_hash = StateHasher()
         self._flatten: Flattener | None = None
+        self._options: dict[str, str] = {}
+        self._signing = False
+        self._spare: SpareWait | None = None
+        """Set in a spare until its hand-off (`jobwarden.sdk.spare`)."""
+        self._began = time.perf_counter()
 
     def __enter__(self) -> Self:
         try:
@@ -225,6 +209,7 @@ class Session:
     @property
     def checkpoint_dir(self) -> Path | None:
         """The checkpoint directory this run holds the writer lock of, if any."""
+        self._hand_off()  # a spare's wait ends here: what follows may touch the directory
         return self.settings.checkpoint_dir
 
     @property
@@ -234,6 +219,7 @@ class Session:
 
     def emit(self, kind: str, **fields: Any) -> None:
         """Write one event (dropped once nobody reads)."""
+        self._hand_off()
         self.emitter.emit(kind, **fields)
 
     @staticmethod
@@ -245,13 +231,30 @@ class Session:
         request = self.request
         environ = os.environ if request.environ is None else request.environ
         events = None if RUN_FILE_ENV in environ else request.events  # a supervisor reads stdout
-        self._stream = EventStream.open(events, redirect_prints=request.redirect_prints)
-        self.emitter = self._stream.emitter
+        self._stream = stream = EventStream.open(events, redirect_prints=request.redirect_prints)
+        self.emitter = stream.emitter
         self.faults = FaultPlan(FaultSection(), self.emitter)
         argv = sys.argv[1:] if request.argv is None else list(request.argv)
-        options, rest = split_argv(argv)
+        self._options, rest = split_argv(argv)
         if request.argv is None:
             sys.argv[1:] = rest
+        self._resolve(environ)
+        if request.environ is None and events is None and SpareWait.wanted(environ):
+            self._runtime()  # a spare: what does not depend on the run's identity, no lock
+            data_files = [Path(p).resolve() for p in request.data_files or ()]
+            self._spare = SpareWait(stream.raw, self.identity.sources, data_files)
+            if SpareWait.member(environ):  # it joins the others before any JAX computation
+                self._hand_off()
+        else:
+            self._writer()
+            self._runtime()
+            self._started()
+        self._phase = Phase.ENTERED
+        self._mark = time.perf_counter()
+
+    def _resolve(self, environ: Mapping[str, str]) -> None:
+        """The settings and the identity, from the run file, command line and arguments."""
+        request = self.request
         self.settings = settings = resolve(
             checkpoint_dir=request.checkpoint_dir,
             run=request.run,
@@ -259,7 +262,7 @@ class Session:
             compile_cache=request.compile_cache,
             signing_key=request.signing_key,
             job_id=request.job_id,
-            options=options,
+            options=self._options,
             environ=environ,
             checkpoints=request.checkpoints,
         )
@@ -271,10 +274,32 @@ class Session:
             sources=tuple(source_paths(request.sources)),
             data_hash=data_identity(request.data, request.data_hash, request.data_files),
         )
-        external = request.checkpoints == "external"
+
+    def _hand_off(self) -> None:
+        """In a spare, at the first call that needs the run's identity: wait for the attempt,
+        check the spare is what a cold start would be, then open the run as one would."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return
+        handoff = spare.wait(time.perf_counter() - self._began)
+        problems = spare.changed(self.settings.checkpoint_dir)
+        if problems:
+            spare.refuse(problems)
+        assert self._stream is not None
+        spare.take_over(handoff, self._stream.redirected)
+        self._resolve(os.environ)  # the attempt's run file: its job, faults, checkpoints
+        self._writer()
+        self._started()
+        self._mark = time.perf_counter()
+
+    def _writer(self) -> None:
+        """The signing key, the writer lock and the store, the signal handlers and faults."""
+        settings = self.settings
+        external = self.request.checkpoints == "external"
         key = None
         if settings.signing_key is not None and not external:
             key = load_key(settings.signing_key)
+        self._signing = key is not None
         self.member = member = Membership.from_environ()
         if settings.checkpoint_dir is not None and member.writes:  # one writer per job
             self._lock = WriterLock(settings.checkpoint_dir).acquire()
@@ -288,13 +313,21 @@ class Session:
         self.preemption.install()
         self.faults = FaultPlan(member.faults(settings.faults), self.emitter)
         self.faults.arm()
-        warning = pin_before_start()
-        if warning:
+
+    def _runtime(self) -> None:
+        """The CPU pins, JAX (after the lock, unless a spare) and the compilation cache."""
+        if warning := pin_before_start():
             self.stderr(warning + "\n")
+        import jax  # noqa: F401
+
+        if self.settings.compile_cache is not None:
+            enable_compilation_cache(self.settings.compile_cache)
+
+    def _started(self) -> None:
+        """Join the other members, then say ``started``."""
         import jax
 
-        if settings.compile_cache is not None:
-            enable_compilation_cache(settings.compile_cache)
+        settings, member = self.settings, self.member
         member.join()
         self.runtime = member.runtime(runtime_identity())
         self.emit(
@@ -306,14 +339,12 @@ class Session:
             job=self.identity.job_id,
             task=self.identity.name,
             checkpoint_dir=str(settings.checkpoint_dir or ""),
-            signing=key is not None,
-            checkpoints=request.checkpoints,
+            signing=self._signing,
+            checkpoints=self.request.checkpoints,
             run=settings.run.model_dump(),
             faults=settings.faults.model_dump(),
             **({"process": member.index, "processes": member.processes} if member.group else {}),
         )
-        self._phase = Phase.ENTERED
-        self._mark = time.perf_counter()
 
     def _close(self) -> None:
         self._phase = Phase.CLOSED

@@ -114,6 +114,16 @@ class EventStream:
         os.dup2(2, 1)
         return cls(os.fdopen(fd, "w", encoding="utf-8"), owned=True, saved_stdout=fd)
 
+    @property
+    def raw(self) -> IO[str]:
+        """The stream itself, for the lines a spare says before it is an attempt."""
+        return self._stream
+
+    @property
+    def redirected(self) -> bool:
+        """Whether the program's own stdout goes to stderr for the life of the run."""
+        return self._saved_stdout is not None
+
     def close(self) -> None:
         """Write what is held, flush, close what was opened here and put stdout back."""
         self.emitter.release()

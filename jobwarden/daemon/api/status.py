@@ -260,6 +260,7 @@ def status(daemon: View, args: dict[str, Any], rows: StatusRows | None = None) -
                 daemon.root.jobs / record.id, record.history, now
             ).as_record(),
             "members": members_now(daemon, record),
+            "spare": record.sample.get("spare") if daemon.is_live(record.id) else None,
             "phases": phases_of(daemon, record),
             "history": record.history,
             "request": record.job.to_record(),

@@ -278,6 +278,13 @@ class Launcher(abc.ABC):
         None when it cannot, and the daemon recovers by a new attempt."""
         return None
 
+    def settled(self, job_id: str) -> None:  # noqa: B027 - most launchers keep no spares
+        """The job rests (or is gone): whatever the launcher keeps for it (a spare) goes."""
+
+    def spare_of(self, job_id: str) -> dict[str, Any] | None:
+        """The job's spare (pid, state, rss_mb) for ``status``; None when it has none."""
+        return None
+
     async def close(self) -> None:  # noqa: B027 - most launchers hold nothing between attempts
         """The daemon stops: let go of what the launcher keeps between attempts (spares)."""
 

@@ -35,6 +35,7 @@ from jobwarden.daemon.launch.base import (
     suppress_gone,
 )
 from jobwarden.daemon.launch.members import GroupAttempt
+from jobwarden.daemon.launch.program_spares import ProgramSpares, program_key
 from jobwarden.daemon.launch.spares import SparePool, handed_to
 from jobwarden.daemon.store.evidence import open_evidence
 from jobwarden.runtime import SUPERVISOR_ENV
@@ -101,14 +102,29 @@ class LocalLauncher(Launcher):
     def __init__(self, settings: LaunchSettings | None = None) -> None:
         super().__init__(settings)
         reaper.become_subreaper()
-        self.spares = SparePool() if self.settings.warm_spares else None
+        warm = self.settings.warm_spares
+        self.spares = SparePool() if warm else None
         """Warm spares for built-in task jobs (`jobwarden.daemon.launch.spares`); None: cold."""
+        memory = self.settings.spare_memory_mb
+        self.programs = ProgramSpares(memory) if warm and memory != 0 else None
+        """Spares of SDK programs (`jobwarden.daemon.launch.program_spares`); None: cold."""
 
     async def close(self) -> None:
-        """Retire every warm spare (each ends at once when its stdin closes) and wait for
-        them to end."""
+        """Retire every warm spare (each ends at once when its stdin closes) and every
+        program's spare, and wait for them to end."""
         if self.spares is not None:
             await self.spares.close()
+        if self.programs is not None:
+            await self.programs.close()
+
+    def settled(self, job_id: str) -> None:
+        """The job rests: its program's spare is killed, with its whole process tree."""
+        if self.programs is not None:
+            self.programs.settled(job_id)
+
+    def spare_of(self, job_id: str) -> dict[str, Any] | None:
+        """The job's program spare: pid, preparing or ready, and the memory its tree holds."""
+        return self.programs.view(job_id) if self.programs is not None else None
 
     async def wait_orphan(self, pid: int, started: float | None) -> None:
         """Poll the old worker until it exits (it sees its stdout break, commits and leaves);
@@ -150,7 +166,16 @@ class LocalLauncher(Launcher):
         """Spawn the worker in a new session, stderr straight to stderr.log; N cooperating
         members for ``processes = N`` (`jobwarden.daemon.launch.members`)."""
         if spec.processes > 1:
-            return await GroupAttempt.start(spec, self.spawn)
+            programs = self.programs if program_key(spec) is not None else None
+            if programs is None:
+                return await GroupAttempt.start(spec, self.spawn)
+
+            async def member(one: LaunchSpec, stderr_name: str) -> RunningAttempt:
+                return await programs.start(one, self.spawn, LocalAttempt, stderr_name)
+
+            return await GroupAttempt.start(spec, member)  # each member on its own spare
+        if self.programs is not None and program_key(spec) is not None:
+            return await self.programs.start(spec, self.spawn, LocalAttempt)
         if self.spares is not None:
             return await self.spares.start(spec, self.spawn, LocalAttempt)
         return await self.spawn(spec, "stderr.log")

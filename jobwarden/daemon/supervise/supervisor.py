@@ -246,6 +246,8 @@ class JobSupervisor:
         if attempt is None:
             return
         sample = attempt.sample = self.record.sample = attempt.running.sample()
+        if (spare := self.services.launcher.spare_of(self.record.id)) is not None:
+            sample["spare"] = spare  # the memory a waiting spare holds, beside the attempt's
         limit = self.record.job.supervision.max_rss_mb
         if policy.over_memory_limit(sample.get("rss_mb"), limit) and attempt.stopping(
             StopReason.RSS
