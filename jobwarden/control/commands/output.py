@@ -10,8 +10,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from jobwarden.events import iso_twin
-
 EXIT_OK = 0
 EXIT_REFUSED = 1  # the daemon is not reachable or refused the request; a check did not hold
 EXIT_USAGE = 2
@@ -44,6 +42,8 @@ def with_iso_times(data: Any) -> Any:
         return [with_iso_times(item) for item in data]
     if not isinstance(data, dict):
         return data
+    from jobwarden.events import iso_twin  # only --json needs it, and events.py costs ~10 ms
+
     out = {}
     for key, value in data.items():
         out[key] = with_iso_times(value)
