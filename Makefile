@@ -34,6 +34,7 @@ bench: setup
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/daemon.py
 	$(BIN)/python bench/control.py
+	$(BIN)/python bench/cli_start.py
 	$(BIN)/python bench/sdk.py
 	$(BIN)/python bench/dashboard.py
 	$(BIN)/python bench/summary.py

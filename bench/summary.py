@@ -27,6 +27,7 @@ BENCHES = (
     "checkpoint",
     "daemon",
     "control",
+    "cli_start",
     "sdk",
     "multiprocess",
     "slurm",

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from typing import Any
 
 MAX_DEPTH = 32
@@ -84,6 +83,8 @@ def loads_json(text: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
 
 def loads_toml(text: str, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
     """Parse TOML from outside; raises `DecodeError` naming the syntax error or the refusal."""
+    import tomllib  # not at the top: the control client decodes JSON only
+
     try:
         value = tomllib.loads(text)
     except RecursionError:

@@ -425,8 +425,11 @@ class TestHeldEvents:
             emitter.emit_held("progress", step=step, loss=0.5, examples=0, update_s=0, **NO_HASH)
         assert len(self.lines(stream)) == 3 + HOLD_EVENTS
 
-    def test_a_run_writes_each_hashed_event_at_once_and_every_event_by_its_end(self) -> None:
-        """hash_every=3: after each run.progress of a hashed step the stream holds it."""
+    def test_a_run_writes_each_hashed_event_once_hashed_and_every_event_by_its_end(
+        self,
+    ) -> None:
+        """hash_every=3: once the emitter is drained after a hashed step's run.progress, the
+        stream holds it (hashed on the emitter's thread); every event is out by the end."""
         events = io.StringIO()
         seen_after: dict[int, list[tuple[str, int | None]]] = {}
         with jw.attach(
@@ -444,6 +447,7 @@ class TestHeldEvents:
             for step in run.steps(state):
                 state = {"params": state["params"] + 1}
                 run.progress(step, state, loss=float(step))
+                run.emitter.drain()
                 seen_after[step] = self.lines(events)
         parsed = parse_lines(events.getvalue().splitlines())
         progress = [e for e in parsed if isinstance(e, Event) and e.kind == "progress"]

@@ -24,6 +24,7 @@ from pathlib import Path
 from jobwarden.errors import InjectedFailure
 from jobwarden.events import Emitter, human
 from jobwarden.jobfile import FaultSection
+from jobwarden.sdk.stream import RunEmitter
 
 
 class FaultPlan:
@@ -62,6 +63,12 @@ class FaultPlan:
         if self.faults.fail_after == step:
             raise InjectedFailure(f"controlled failure after update {step}", step=step)
         if self.faults.crash_after == step:
+            # The drill crashes after the update's event is out, hashed in the background
+            # or not, so that its verification points do not depend on a thread's timing.
+            # A real crash (and crash_every_s) may come before: then that hash is simply
+            # not a verification point.
+            if isinstance(self.emitter, RunEmitter):
+                self.emitter.drain()
             hard_crash(f"crash_after={step}")
 
     def commit_hook(self, step: int) -> Callable[[Path], None] | None:

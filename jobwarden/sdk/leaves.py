@@ -37,15 +37,28 @@ class Flattener:
 
     def __call__(self, state: Any) -> Leaves:
         """Named host copies (or views) of every leaf; raises `statetree.UnsupportedLeaf`."""
+        return self.snapshot(state).leaves()
+
+    def snapshot(self, state: Any) -> Snapshot:
+        """What `Snapshot.leaves` needs of ``state`` later, on another thread, to give what
+        this call would give now: its leaves taken out of the program's containers (which
+        it may change in place), a JAX array as it is (immutable), anything else as a host
+        copy made now (a NumPy array is the program's to change)."""
         values, treedef = self._jax.tree_util.tree_flatten(state)
         paths = self._paths.get(treedef)
         if paths is None:
             if len(self._paths) >= MAX_CACHED_TREES:
                 self._paths.clear()
             paths = self._paths[treedef] = state_tree.leaf_paths(state)
-        return [(path, self._host(path, value)) for path, value in zip(paths, values, strict=True)]
+        array_type = self._jax.Array
+        taken = [
+            value if isinstance(value, array_type) else _copied(path, value)
+            for path, value in zip(paths, values, strict=True)
+        ]
+        return Snapshot(self, paths, taken)
 
-    def _host(self, path: str, leaf: Any) -> np.ndarray:
+    def host(self, path: str, leaf: Any) -> np.ndarray:
+        """One leaf as a host array (a view of a JAX array's buffer where it can be)."""
         if not isinstance(leaf, self._jax.Array):
             return state_tree.host_array(path, leaf)
         kind = self._kinds.get(leaf.dtype)
@@ -88,3 +101,27 @@ def same_tree(specs: tuple[Any, ...], expected: Expected) -> None:
                 leaf=now.path,
             )
     raise UsageError(f"the state has {len(specs)} leaves, run.restore() had {len(expected.leaves)}")
+
+
+def _copied(path: str, leaf: Any) -> np.ndarray:
+    """A leaf that is not a JAX array, as a host array the program can no longer change."""
+    array = state_tree.host_array(path, leaf)
+    return array.copy() if array.flags.writeable else array
+
+
+class Snapshot:
+    """A state's leaves as `Flattener.snapshot` took them; `leaves` gives their host arrays."""
+
+    def __init__(self, flattener: Flattener, paths: list[str], values: list[Any]) -> None:
+        self._flattener = flattener
+        self.paths = paths
+        self._values = values
+
+    def leaves(self) -> Leaves:
+        """Named host arrays of every leaf (its caches are dicts: any thread may call this)."""
+        host = self._flattener.host
+        return [(path, host(path, v)) for path, v in zip(self.paths, self._values, strict=True)]
+
+    def donated(self) -> bool:
+        """Whether a JAX array of it was deleted since (donated to a later update)."""
+        return any(not isinstance(v, np.ndarray) and v.is_deleted() for v in self._values)

@@ -193,11 +193,14 @@ class Run(Session):
         """Report update ``step``, which produced ``state``; commit it when it is due.
 
         The event carries the state hash (every ``hash_every`` steps, at each
-        commit and at the last), so a replay can be verified update by update;
-        it is written at once.  An event the cadence leaves unhashed may wait
-        up to ``HOLD_S`` (0.1 s) to share the next write (`RunEmitter.emit_held`).
-        ``loss`` and ``metrics`` are reported as floats.  Drill faults fire
-        here, after the update.
+        commit and at the last), so a replay can be verified update by update.
+        A hash on the cadence alone is computed on the emitter's thread from the
+        update's host copy while the next update runs, and its event written once
+        it is ready, in order (`RunEmitter.emit_later`); one the step commits,
+        agrees on or ends with is computed here, as the commit record needs it.
+        An event the cadence leaves unhashed may wait up to ``HOLD_S`` (0.1 s) to
+        share the next write (`RunEmitter.emit_held`).  ``loss`` and ``metrics``
+        are reported as floats.  Drill faults fire here, after the update.
         """
         if self._pending != step:
             at = "no step" if self._pending is None else f"step {self._pending}"
@@ -208,9 +211,11 @@ class Run(Session):
         on_cadence = step % run.checkpoint_every == 0 or step == run.steps
         due = self._store is not None and on_cadence
         agree = self.member.group and on_cadence  # every member proves the committed state
+        now = due or agree or step == run.steps  # the hash is needed before this returns
+        later = not now and step % run.hash_every == 0
         fields: dict[str, Any] = {"state_hash": None}
         leaves: Leaves | None = None
-        if due or agree or step % run.hash_every == 0 or step == run.steps:
+        if now:
             leaves = self._leaves(state)
             digest, components = self._state_hash(leaves, step)
             fields = {"state_hash": digest, "components": components}
@@ -219,17 +224,19 @@ class Run(Session):
             fields["metrics"] = {name: float(value) for name, value in metrics.items()}
         if due:  # the supervisor watches the commit that follows as a phase of its own
             fields["commit"] = "background" if run.async_commit else "sync"
-        # An event with a state hash is evidence and is written at once; one without
-        # may share a later write (`RunEmitter.emit_held`).
-        emit = self.emitter.emit if leaves is not None else self.emitter.emit_held
-        emit(
-            "progress",
-            step=step,
-            loss=None if loss is None else float(loss),
-            examples=examples,
-            update_s=elapsed,
+        event = {
+            "step": step,
+            "loss": None if loss is None else float(loss),
+            "examples": examples,
+            "update_s": elapsed,
             **fields,
-        )
+        }
+        if later:
+            self.emitter.emit_later("progress", self._hash_later(state, step), **event)
+        elif leaves is not None:  # evidence: written at once
+            self.emitter.emit("progress", **event)
+        else:  # may share a later write
+            self.emitter.emit_held("progress", **event)
         if self.emitter.broken:
             return  # the loop commits this step and stops before the next update
         if agree:
@@ -238,9 +245,35 @@ class Run(Session):
             self._commit(step, leaves)
         self.faults.after_update(step)
 
+    def _hash_later(self, state: Any, step: int) -> Callable[[], dict[str, Any]]:
+        """The hash of ``state`` at ``step`` as the event's fields, to be computed on the
+        emitter's thread.  The leaves are taken out of the program's containers here, before
+        the next update (a JAX array is immutable; anything else is copied now); their host
+        views and the hash are made there."""
+        if self._flatten is None:
+            self._leaves(state)  # makes the flattener, and refuses a bare array
+        assert self._flatten is not None
+        snapshot = self._flatten.snapshot(state)
+        if any(not path for path in snapshot.paths):
+            self._leaves(state)  # raises the bare array's UsageError
+        hasher = self._state_hash  # its caches are dicts: safe to share under the GIL
+
+        def fields() -> dict[str, Any]:
+            try:
+                leaves = snapshot.leaves()
+            except RuntimeError:
+                if not snapshot.donated():
+                    raise
+                return {}  # donated to the next update before it was hashed: not a point
+            digest, components = hasher(leaves, step)
+            return {"state_hash": digest, "components": components}
+
+        return fields
+
     # -- ending ------------------------------------------------------------------------------
 
     def _preempt(self) -> None:
+        self.emitter.drain()  # the hashes still being computed are written, and then it is seen
         gone = self.emitter.broken
         self._settle()  # the commit in flight is durable before the last one is made
         if self._store is not None and self._step > 0 and self._committed != self._step:
@@ -252,6 +285,7 @@ class Run(Session):
         self._status = PreemptedExit.exit_status
 
     def _complete(self) -> None:
+        self.emitter.drain()  # raises a background hash's error, if there was one
         self._settle()  # completed names the last durable file
         step = self._step
         if self._hashed[0] == step:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from jobwarden.errors import JobFileError
 from jobwarden.events import Emitter, SupervisorGone, encode
@@ -29,6 +30,24 @@ HOLD_S = 0.1
 """How long an unhashed progress event may wait for the next write (`RunEmitter.emit_held`)."""
 HOLD_EVENTS = 32
 """At most this many events are held: one write of a few KiB."""
+LATER_AT_MOST = 2
+"""At most this many `RunEmitter.emit_later` events wait for their fields: a loop faster
+than its hashes waits for the oldest, instead of holding ever more states in memory and
+losing ever more events at a crash."""
+
+
+Later = Callable[[], Mapping[str, Any]]
+"""What `RunEmitter.emit_later` runs on its thread: the rest of an event's fields."""
+
+
+class Slot(NamedTuple):
+    """An event emitted while an earlier one waits for its fields: written in its turn."""
+
+    kind: str
+    at: float
+    fields: dict[str, Any]
+    later: Later | None
+    held: bool
 
 
 class RunEmitter(Emitter):
@@ -37,7 +56,9 @@ class RunEmitter(Emitter):
     The step loop checks ``broken`` between updates and stops as on SIGTERM.
     `emit_held` lets an event wait to share the next write with others, so a
     fast loop pays one write (and one warm encoding loop) per ``HOLD_S``
-    instead of a write per update.
+    instead of a write per update.  `emit_later` has an event's remaining
+    fields (a state hash) computed on a thread of its own while the loop runs
+    on; every event emitted after it, from any thread, is written after it.
     """
 
     def __init__(self, stream: IO[str], clock: Callable[[], float] = time.monotonic) -> None:
@@ -46,12 +67,23 @@ class RunEmitter(Emitter):
         self._held: list[tuple[str, float, dict[str, Any]]] = []
         self._written_at = clock()
         self._lock = threading.RLock()  # a background commit reports from its own thread
+        self._written = threading.Condition(self._lock)
+        self._queue: queue.SimpleQueue[Slot | None] = queue.SimpleQueue()
+        self._waiting = 0
+        """events emitted and not yet written or held, in `_queue`'s order"""
+        self._computing = 0
+        """of those, the `emit_later` ones"""
+        self._worker: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     def emit(self, kind: str, **fields: Any) -> None:
-        """Write one event now, after any held ones, or drop it when the stream is broken."""
+        """Write one event now, after any held ones, or drop it when the stream is broken;
+        after the events still waiting for their fields (`emit_later`), in its turn."""
         with self._lock:
-            self._held.append((kind, time.time(), fields))
-            self.release(kind)
+            if self._waiting:
+                self._enqueue(Slot(kind, time.time(), fields, None, held=False))
+            else:
+                self._write_now(kind, time.time(), fields)
 
     def emit_held(self, kind: str, **fields: Any) -> None:
         """Write one event, or hold it for the next write if one was made under ``HOLD_S`` ago.
@@ -59,13 +91,54 @@ class RunEmitter(Emitter):
         For what only stall detection and the loss curve read (a progress event
         with no state hash): a crash loses what is held, under ``HOLD_S`` of
         updates.  Whatever proves something (a state hash, a checkpoint, the
-        end) goes through `emit`, which writes the held events before it.  Each
-        event keeps the time it happened.
+        end) goes through `emit` or `emit_later`, which write the held events
+        before it.  Each event keeps the time it happened.
         """
         with self._lock:
-            self._held.append((kind, time.time(), fields))
-            if len(self._held) >= HOLD_EVENTS or self._clock() - self._written_at >= HOLD_S:
-                self.release(kind)
+            if self._waiting:
+                self._enqueue(Slot(kind, time.time(), fields, None, held=True))
+            else:
+                self._hold(kind, time.time(), fields)
+
+    def emit_later(self, kind: str, later: Later, **fields: Any) -> None:
+        """Write one event with ``fields`` and what ``later()`` returns, once a thread of the
+        emitter's own has run it; events emitted after this one are written after it.
+
+        The event keeps the time it was emitted.  A crash before it is written loses
+        it (and what follows it).  With `LATER_AT_MOST` such events waiting, this waits
+        for the oldest.  An error of ``later`` is raised here or by `drain`, on the
+        caller's thread; its event is written without the fields.
+        """
+        self._raise_error()
+        with self._lock:
+            while self._computing >= LATER_AT_MOST:
+                self._written.wait()
+            self._computing += 1
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._work, name="jobwarden-events", daemon=True
+                )
+                self._worker.start()
+            self._enqueue(Slot(kind, time.time(), fields, later, held=False))
+
+    def drain(self) -> None:
+        """Wait until every event emitted so far is written (or held); raises the error of
+        an `emit_later` computation, once."""
+        with self._lock:
+            while self._waiting:
+                self._written.wait()
+        self._raise_error()
+
+    def stop(self) -> None:
+        """`drain`, then end the emitter's thread (a later `emit_later` starts another)."""
+        try:
+            self.drain()
+        finally:
+            with self._lock:
+                worker, self._worker = self._worker, None
+            if worker is not None:
+                self._queue.put(None)
+                worker.join()
 
     def release(self, kind: str = "held") -> None:
         """Write the held events (one write, flushed); dropped when the stream is broken."""
@@ -76,6 +149,42 @@ class RunEmitter(Emitter):
                 lines = "".join([encode(name, fields, at) for name, at, fields in held])
                 with contextlib.suppress(SupervisorGone):
                     self.write(kind, lines)
+
+    def _write_now(self, kind: str, at: float, fields: dict[str, Any]) -> None:
+        self._held.append((kind, at, fields))
+        self.release(kind)
+
+    def _hold(self, kind: str, at: float, fields: dict[str, Any]) -> None:
+        self._held.append((kind, at, fields))
+        if len(self._held) >= HOLD_EVENTS or self._clock() - self._written_at >= HOLD_S:
+            self.release(kind)
+
+    def _enqueue(self, slot: Slot) -> None:
+        self._waiting += 1
+        self._queue.put(slot)
+
+    def _work(self) -> None:
+        """The emitter's thread: each slot's fields computed, then written in order."""
+        while (slot := self._queue.get()) is not None:
+            fields = slot.fields
+            if slot.later is not None:
+                try:
+                    fields = {**fields, **slot.later()}
+                except BaseException as error:  # noqa: BLE001 - raised on the caller's thread
+                    self._error = self._error or error
+            with self._lock:
+                if slot.held:
+                    self._hold(slot.kind, slot.at, fields)
+                else:
+                    self._write_now(slot.kind, slot.at, fields)
+                self._waiting -= 1
+                self._computing -= slot.later is not None
+                self._written.notify_all()
+
+    def _raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 
 
 class EventStream:
@@ -125,7 +234,10 @@ class EventStream:
         return self._saved_stdout is not None
 
     def close(self) -> None:
-        """Write what is held, flush, close what was opened here and put stdout back."""
+        """Write what waits and what is held, flush, close what was opened here and put
+        stdout back."""
+        with contextlib.suppress(Exception):  # a background hash's error was reported before
+            self.emitter.stop()
         self.emitter.release()
         with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()

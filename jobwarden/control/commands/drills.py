@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +21,11 @@ DEFAULT_JOB_OPTIONS = ("seed", "task", "steps", "checkpoint_every")
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    """Rehearse failures through a daemon; exit 0 only if every check of every drill held."""
+    """Rehearse failures through a daemon; exit 0 only if every check of every drill held.
+    ``--launcher`` is handed to the private daemon through ``JOBWARDEN_DRILL_LAUNCHER``
+    (drill/daemon.py reads it)."""
+    if getattr(args, "launcher", None) is not None:
+        os.environ["JOBWARDEN_DRILL_LAUNCHER"] = args.launcher
     # Imported here: the drills import numpy (through the checkpoint format), which no
     # other command should pay for at start-up.
     from jobwarden.control import drill

@@ -5,12 +5,11 @@ The statuses follow supervisorctl's LSB convention where one applies.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Callable
 from typing import Any
-
-from jobwarden.events import iso_twin
 
 EXIT_OK = 0
 EXIT_REFUSED = 1  # the daemon is not reachable or refused the request; a check did not hold
@@ -44,6 +43,8 @@ def with_iso_times(data: Any) -> Any:
         return [with_iso_times(item) for item in data]
     if not isinstance(data, dict):
         return data
+    from jobwarden.events import iso_twin  # only --json needs it, and events.py costs ~10 ms
+
     out = {}
     for key, value in data.items():
         out[key] = with_iso_times(value)
@@ -58,3 +59,18 @@ def emit(data: Any, as_json: bool, text: Callable[[Any], str]) -> None:
     ``text`` renders it."""
     shown = json.dumps(with_iso_times(data), indent=2, default=str) if as_json else text(data)
     sys.stdout.write(shown + "\n")
+
+
+def show_help(
+    parser: argparse.ArgumentParser, commands: argparse._SubParsersAction[Any], topic: str | None
+) -> int:
+    """``wardenctl help [COMMAND]``: the same text as ``--help``."""
+    if topic is None:
+        parser.print_help()
+        return 0
+    chosen = commands.choices.get(topic)
+    if chosen is None:
+        sys.stderr.write(f"wardenctl: no command {topic!r}; `wardenctl help` lists them\n")
+        return EXIT_USAGE
+    chosen.print_help()
+    return 0
