@@ -20,6 +20,7 @@ EXAMPLES = [
     ["runbook", "i1", "--json"],
     ["drill", "crash", "--steps", "9", "--launcher", "local"],
     ["submit", "f.toml", "--replace"],
+    ["dashboard", "--listen", "127.0.0.1:0", "--drills", "out/demo"],
     ["stop", "a", "b"],
     ["cancel", "all", "--json"],
     ["restart", "a"],
