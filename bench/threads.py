@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -272,6 +273,7 @@ def main() -> int:
         "figures": records(figures),
     }
     args.out.write_text(json.dumps(record, indent=2) + "\n")
+    shutil.rmtree(base, ignore_errors=True)
     print(f"wrote {args.out}")
     return 0
 
