@@ -103,12 +103,7 @@ class Cluster:
 
     def run(self, *argv: str, check: bool = True) -> str:
         """Run a Slurm client command against this cluster; its stdout."""
-        done = subprocess.run(
-            argv, env=self.env, capture_output=True, text=True, timeout=30, check=False
-        )
-        if check and done.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr}")
-        return done.stdout
+        return run_client(self.env, argv, check)
 
     def start(self) -> Cluster:
         """munged, then slurmctld, then slurmd; returns once the node is idle."""
@@ -208,3 +203,12 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def run_client(env: dict[str, str], argv: tuple[str, ...], check: bool) -> str:
+    """Run a Slurm client command with a cluster's environment; its stdout (RuntimeError
+    naming the command and its stderr when it fails and ``check``)."""
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr}")
+    return done.stdout

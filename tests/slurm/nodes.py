@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.slurm.cluster import free_port
+from tests.slurm.cluster import free_port, run_client
 
 SCRIPT = Path(__file__).parents[2] / "slurm" / "cluster.sh"
 UP_TIMEOUT_S = 120.0
@@ -61,12 +61,7 @@ class Nodes:
 
     def run(self, *argv: str, check: bool = True) -> str:
         """Run a Slurm client command against this cluster; its stdout."""
-        done = subprocess.run(
-            argv, env=self.env, capture_output=True, text=True, timeout=30, check=False
-        )
-        if check and done.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr}")
-        return done.stdout
+        return run_client(self.env, argv, check)
 
     def start(self) -> Nodes:
         """``cluster.sh up``; returns once every node is idle, raises with its output if not."""
