@@ -95,3 +95,11 @@ def test_a_lost_node_fails_the_attempt_and_the_next_one_excludes_it(
     assert (len(allocated), lost in allocated) == (2, False)
     assert member_nodes(wardend, "lost", 2) == allocated
     assert incident["verification"]["verdict"] == "verified"
+    # The machine is blamed, not member 0, whose collective only lost its peer.
+    assert (
+        f"Member 1 (no pid known on {lost}) failed first: it was lost with its node ({lost}, "
+        in (incident["symptom"])
+    )
+    members = json.loads((folder / "members.json").read_text())
+    assert (members["failed_member"], members["members"][1]["node_lost"].split(",")[0]) == (1, lost)
+    assert any(f"Member 1's node was lost ({lost}, " in line for line in incident["prevention"])

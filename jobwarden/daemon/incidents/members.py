@@ -19,8 +19,10 @@ def where(member: Mapping[str, Any]) -> str:
 
 
 def how_ended(member: Mapping[str, Any]) -> str:
-    """``was killed by SIGKILL``, ``exited 1 (worker.crash)``, or ``exited 0 before it
-    completed``."""
+    """``was killed by SIGKILL``, ``exited 1 (worker.crash)``, ``exited 0 before it
+    completed``, or ``was lost with its node (n2, DOWN+NOT_RESPONDING)``."""
+    if member.get("node_lost"):
+        return f"was lost with its node ({member['node_lost']})"
     if member.get("exit_signal"):
         return f"was killed by {member['exit_signal']}"
     status = member.get("exit_status")
@@ -61,10 +63,30 @@ def first_failure(view: Mapping[str, Any] | None) -> str | None:
     return "; ".join([text, *others]) + "."
 
 
-def runbook_line(first: int, stderr: object) -> str:
-    """The runbook's line for a multi-process failure: where to look first."""
+def runbook_line(first: int, stderr: object, lost: str | None = None) -> str:
+    """The runbook's line for a multi-process failure: where to look first (``lost``: the
+    node lost under the member, ``n2, DOWN*``, when it was the machine that failed)."""
+    if lost:
+        return lost_node_line(first, lost)
     return (
         f"Member {first} failed first: read its stderr ({stderr}) before the others'. "
         "The other members' errors follow from it (a collective cannot go on without "
         "every member), so the cause is not in theirs."
+    )
+
+
+def lost_node(view: Mapping[str, Any], index: int) -> str | None:
+    """The lost node of member ``index`` in the members' view, if its node was lost."""
+    found = (m for m in view.get("members") or [] if m.get("process") == index)
+    return next((m.get("node_lost") for m in found), None)
+
+
+def lost_node_line(first: int, lost: str) -> str:
+    """The runbook's line when member ``first``'s node was lost under it (``n2, DOWN*``)."""
+    node = lost.split(",", 1)[0]
+    return (
+        f"Member {first}'s node was lost ({lost}): the cause is the machine, not the "
+        "program, and the other members' errors follow from it. The next attempt excludes "
+        f"{node} where the cluster has nodes enough (slurm.json's exclude); "
+        f"`scontrol show node {node}` gives Slurm's reason."
     )

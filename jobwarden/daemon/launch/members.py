@@ -112,6 +112,8 @@ class GroupAttempt(RunningAttempt):
         self.members = [Member(i, running) for i, running in enumerate(members)]
         self.started_mono = time.monotonic()
         self.failed_member: int | None = None
+        self.lost: dict[int, str] = {}
+        """Members whose node was lost under them, each with its node and state (`_lost_nodes`)."""
         self._emits = spec.job is None or spec.job.emits_events
         """Whether members report events: then an exit 0 before ``completed`` is a failure."""
         self._failing = False
@@ -186,6 +188,7 @@ class GroupAttempt(RunningAttempt):
                     "stopped": None if member.index not in alone else not alone[member.index],
                     "failure": None if failure is None else failure.get("code"),
                     "peer_lost": _peer_lost(failure),
+                    "node_lost": self.lost.get(member.index),
                 }
             )
         return {
@@ -212,6 +215,8 @@ class GroupAttempt(RunningAttempt):
         """Follow every member until all have ended; the first to fail decides the exit."""
         self._forward = on_event
         await asyncio.gather(*(self._follow(m, on_malformed) for m in self.members))
+        if any(_failed(m, self._emits) for m in self.members):
+            self.lost = await self._lost_nodes()
         self.failed_member = self._first_failure()
         if self.failed_member is not None:
             failure = self._failures.get(self.failed_member) or self._early_exit()
@@ -236,9 +241,17 @@ class GroupAttempt(RunningAttempt):
             if not self._stopping:
                 await self._stop_survivors()
 
+    async def _lost_nodes(self) -> dict[int, str]:
+        """Members whose machine was lost under them, with what names it; none where members
+        share this machine (a launcher of several hosts says which, `SlurmGroupAttempt`)."""
+        return {}
+
     def _first_failure(self) -> int | None:
-        """The member whose failure ended the attempt: the first to end on its own with a
-        failure of its own, before one that only reports a collective broken by a lost peer."""
+        """The member whose failure ended the attempt: one whose node was lost, else the first
+        to end on its own with a failure of its own, before one that only reports a collective
+        broken by a lost peer."""
+        if self.lost:
+            return min(self.lost)
         ended = [index for index, alone in self._ends if alone]
         failed = [index for index in ended if _failed(self.members[index], self._emits)]
         primary = [i for i in failed if not _peer_lost(self._failures.get(i))]

@@ -233,7 +233,8 @@ def prevention(attempt: Attempt, kind: IncidentKind, incident: Incident) -> list
         )
     view = attempt.running.members_view()
     if (first := view.get("failed_member")) is not None:
-        lines.append(members.runbook_line(first, attempt.folder / member_file(STDERR, first)))
+        stderr = attempt.folder / member_file(STDERR, first)
+        lines.append(members.runbook_line(first, stderr, members.lost_node(view, first)))
     last = incident.boundary.get("last_logged_step") or 0
     saved = incident.boundary.get("checkpoint_step") or 0
     if last > saved:

@@ -23,6 +23,7 @@ import structlog
 from jobwarden.daemon.launch.base import (
     LINE_LIMIT,
     ExitInfo,
+    LauncherError,
     LaunchSpec,
     OnEvent,
     OnMalformed,
@@ -31,6 +32,7 @@ from jobwarden.daemon.launch.base import (
 )
 from jobwarden.daemon.launch.members import GroupAttempt, member_spec
 from jobwarden.daemon.launch.slurm.ctl import slurm_command
+from jobwarden.daemon.launch.slurm.exclude import failed, node_states
 from jobwarden.daemon.launch.slurm.script import member_node, member_status
 from jobwarden.daemon.launch.slurm.state import Phase, exit_of
 from jobwarden.daemon.launch.slurm.watch import FILE_POLL_S, FileFeed, FollowedFile, SlurmWatch
@@ -142,6 +144,27 @@ class SlurmGroupAttempt(GroupAttempt):
         """SIGTERM through the batch script's trap, ``grace_s`` to commit, then `kill`."""
         self._stopping = True
         await self.watch.stop(self.ended, grace_s)
+
+    async def _lost_nodes(self) -> dict[int, str]:
+        """Members whose node Slurm now reports down, drained, failing or not responding,
+        each with ``n2, DOWN+NOT_RESPONDING``: the member did not fail, its machine did (a
+        member's end is known once the Slurm job is over, and Slurm ends a job with a member
+        on a dead node only once it declared the node down)."""
+        nodes = {
+            m.index: node for m in self.members if (node := member_node(self.spec.folder, m.index))
+        }
+        if not nodes:
+            return {}
+        try:
+            states = await node_states()
+        except LauncherError as error:
+            log.warning("slurm.node_states", slurm_job=self.job_id, error=str(error))
+            return {}
+        return {
+            index: f"{node}, {states[node]}"
+            for index, node in nodes.items()
+            if failed(states.get(node, ""))
+        }
 
     async def follow(self, on_event: OnEvent, on_malformed: OnMalformed) -> ExitInfo:
         """Follow every member while the job's state is polled beside them; a job Slurm
