@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from jobwarden.testfaults import ENV, Fault
 from tests.daemon import Daemon, linreg_job
 
 pytestmark = pytest.mark.slow
@@ -53,3 +54,24 @@ def test_a_job_dying_at_the_same_update_is_failed_as_a_deterministic_crash_loop(
     assert [a["restored_step"] for a in loop["attempts"]] == [2, 2, 2, 2]
     assert [a["died_at_update"] for a in loop["attempts"]] == [3, 3, 3, 3]
     assert "Fix the program or the data" in last["outcome"]
+
+
+def test_a_replay_mismatch_with_on_mismatch_continue_is_recorded_and_the_job_completes(
+    tmp_path: Path, compile_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The momentum zeroed on restore (a test-only fault) makes the recovery differ; under
+    on_mismatch = "continue" the incident is concluded mismatch naming the update and the
+    component, the job runs on to completion, and status keeps the divergence (the default,
+    escalate, is tested in tests/test_drills.py)."""
+    monkeypatch.setenv(ENV, Fault.ZERO_OPT_STATE_ON_RESTORE.value)
+    job = linreg_job("goes-on", faults={"fail_after": 3}, supervision={"on_mismatch": "continue"})
+    with Daemon(tmp_path / "root", compile_cache) as daemon:
+        daemon.drop("goes-on.toml", job)
+        status = daemon.wait("goes-on", timeout=180)
+        incidents = daemon.incidents("goes-on")
+    assert status["state"] == "completed", status["reason"]
+    assert status["diverged_at_step"] == 2
+    [crash] = [i for i in incidents if i["kind"] == "crash"]
+    assert crash["status"] == "mismatch"
+    assert crash["verification"]["verdict"] == "mismatch"
+    assert crash["verification"]["checks"][-1]["what"] == "restored state"
