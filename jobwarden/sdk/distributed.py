@@ -35,6 +35,8 @@ PROCESSES_ENV = "JOBWARDEN_PROCESSES"
 COORDINATOR_ENV = "JOBWARDEN_COORDINATOR"
 COORDINATOR_FILE_ENV = "JOBWARDEN_COORDINATOR_FILE"
 """Where member 0 publishes ``host:port`` when `COORDINATOR_ENV` names a host alone."""
+RPC_BIND_FAILED = "Failed to start RPC server"
+"""What JAX's error says when member 0 cannot bind the coordinator's port."""
 RENDEZVOUS_POLL_S = 0.05
 JOIN_TIMEOUT_S = 300
 """How long `jax.distributed.initialize` waits for every member (wardend's startup
@@ -49,6 +51,16 @@ class MembersDiverged(JobwardenError):
     exit_status = 36
     incident = IncidentKind.CRASH
     """Nothing was committed, so a restart resumes every member from the last agreed step."""
+
+
+class CoordinatorUnavailable(JobwardenError):
+    """Raised in member 0 when it cannot listen on the coordinator address it was given
+    (another process took the port between its choice and the bind): the attempt fails,
+    naming the address, and the next attempt gets a port of its own."""
+
+    code = "distributed.coordinator"
+    exit_status = 37
+    incident = IncidentKind.CRASH
 
 
 class MembershipError(JobwardenError):
@@ -118,12 +130,21 @@ class Membership:
         elif self.rendezvous:
             address = await_coordinator(Path(self.rendezvous), JOIN_TIMEOUT_S)
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # type: ignore[no-untyped-call]
-        jax.distributed.initialize(
-            coordinator_address=address,
-            num_processes=self.processes,
-            process_id=self.index,
-            initialization_timeout=JOIN_TIMEOUT_S,
-        )
+        try:
+            jax.distributed.initialize(
+                coordinator_address=address,
+                num_processes=self.processes,
+                process_id=self.index,
+                initialization_timeout=JOIN_TIMEOUT_S,
+            )
+        except Exception as error:  # JAX raises its own runtime error, untyped
+            if self.writes and RPC_BIND_FAILED in str(error):
+                raise CoordinatorUnavailable(
+                    f"member 0 could not listen on the coordinator address {address}: "
+                    f"{error} (another process holds the port?)",
+                    coordinator=address,
+                ) from error
+            raise
 
     def share_start(self, step: int, leaves: list[np.ndarray]) -> tuple[int, list[np.ndarray]]:
         """Member 0's ``(step, leaves)`` in every member, bit for bit (the others pass their

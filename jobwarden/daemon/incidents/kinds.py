@@ -49,7 +49,7 @@ from jobwarden.errors import (
 )
 from jobwarden.files import UnsafePathError
 from jobwarden.protocol import ControlError
-from jobwarden.sdk.distributed import MembersDiverged, MembershipError
+from jobwarden.sdk.distributed import CoordinatorUnavailable, MembersDiverged, MembershipError
 from jobwarden.sdk.session import UsageError
 from jobwarden.states import IllegalTransition
 from jobwarden.statetree import UnsupportedLeaf
@@ -68,6 +68,7 @@ ERRORS: tuple[type[JobwardenError], ...] = (
     UnsupportedLeaf,
     MembersDiverged,
     MembershipError,
+    CoordinatorUnavailable,
     # the writer lock and its fencing
     WriterLockedError,
     WriterLockLost,
