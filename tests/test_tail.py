@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from jobwarden.control.commands.tailing import render_action
 from jobwarden.daemon.api import reading
 from jobwarden.protocol import ControlError
 from tests.daemon import Daemon, ctl, linreg_job
@@ -37,6 +38,28 @@ def live(tmp_path_factory: pytest.TempPathFactory, compile_cache: Path) -> Itera
         assert daemon.wait("long", timeout=300)["state"] == "completed"
         assert daemon.wait("crash")["state"] == "completed"
         yield daemon
+
+
+class TestActionLines:
+    """A daemon action as a tail line: long fields cut, a list's items one by one."""
+
+    def test_every_member_of_a_large_job_keeps_its_pid_in_view(self) -> None:
+        """attempt.started of 8 members: each member's pid is on the line (a list used to be
+        cut as a whole at 120 characters, hiding every member past the third)."""
+        members = [{"process": i, "pid": 100000 + i} for i in range(8)]
+        record = {"event": "attempt.started", "time": 0, "attempt": 2, "members": members}
+        line = render_action(record)
+        assert all(f'"pid": {100000 + i}' in line for i in range(8)), line
+
+    def test_a_long_list_is_shown_in_part_and_counted(self) -> None:
+        """A list of 40 items shows 32 and says how many more there are."""
+        line = render_action({"event": "x", "time": 0, "steps": list(range(40))})
+        assert line.endswith("steps=[" + ", ".join(map(str, range(32))) + ", ... 8 more]")
+
+    def test_a_long_text_is_cut_at_120_characters(self) -> None:
+        """Any other value is cut as before."""
+        line = render_action({"event": "x", "time": 0, "why": "w" * 200})
+        assert line.endswith("why=" + "w" * 117 + "...")
 
 
 class TestReadingFromTheEnd:

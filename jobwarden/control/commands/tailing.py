@@ -29,9 +29,24 @@ HIDDEN = frozenset({"timestamp", "time", "time_iso", "level", "event"})
 HIDDEN_IN_TAIL = HIDDEN | {"origin", "attempt", "job"}
 
 
+FIELD_CHARS = 120
+"""A field's value is cut past this many characters; a list's items are cut one by one."""
+LIST_ITEMS = 32
+"""At most this many items of a list field are shown, then how many more there are."""
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= FIELD_CHARS else text[: FIELD_CHARS - 3] + "..."
+
+
 def _value(value: Any) -> str:
-    text = json.dumps(value) if isinstance(value, list | dict) else str(value)
-    return text if len(text) <= 120 else text[:117] + "..."
+    """A field's value for a text line: a list item by item (each member of a large job
+    keeps its pid in view), anything else whole up to `FIELD_CHARS`."""
+    if isinstance(value, list):
+        items = [_cut(json.dumps(item)) for item in value[:LIST_ITEMS]]
+        more = [f"... {len(value) - LIST_ITEMS} more"] if len(value) > LIST_ITEMS else []
+        return "[" + ", ".join(items + more) + "]"
+    return _cut(json.dumps(value) if isinstance(value, dict) else str(value))
 
 
 def render_action(record: dict[str, Any]) -> str:
