@@ -113,28 +113,31 @@ def test_a_member_crash_is_recovered_on_the_group_spare_verified_per_member(
     wait_until(lambda: all(gone(pid) for pid in group), timeout=10, what="the members gone")
 
 
-def test_a_group_with_a_member_killed_while_waiting_is_discarded_and_recovery_is_cold(
-    daemon: Daemon,
+@pytest.mark.parametrize(("job", "signum"), [("lost", signal.SIGKILL), ("hung", signal.SIGSTOP)])
+def test_a_group_with_a_member_lost_while_waiting_is_discarded_and_recovery_is_cold(
+    daemon: Daemon, job: str, signum: int
 ) -> None:
-    """One member of the waiting group SIGKILLed: the whole group goes, and a member failure
-    of the job just after restarts it cold, still verified."""
-    drop(daemon, "lost", 60)
-    group = group_ready(daemon, "lost")
-    os.kill(group[1], signal.SIGKILL)
+    """One member of the waiting group SIGKILLed (or stopped): the whole group goes, and a
+    member failure of the job just after restarts it cold, still verified."""
+    drop(daemon, job, 60)
+    group = group_ready(daemon, job)
+    os.kill(group[1], signum)
     job_member = wait_until(
-        lambda: started_pids(daemon, "lost", 1) if daemon.state("lost")["step"] else None,
+        lambda: started_pids(daemon, job, 1) if daemon.state(job)["step"] else None,
         timeout=60,
         what="attempt 1 under way",
     )
     os.kill(job_member[1], signal.SIGKILL)
-    status = daemon.wait("lost", timeout=240)
-    handed = [r for r in log_records(daemon, "spare.handed") if r.get("job") == "lost"]
-    (incident,) = daemon.incidents("lost")
+    status = daemon.wait(job, timeout=240)
+    handed = [r for r in log_records(daemon, "spare.handed") if r.get("job") == job]
+    (incident,) = daemon.incidents(job)
     assert (status["state"], status["attempt"]) == ("completed", 2)
+    dropped = log_records(daemon, "spare.died") + log_records(daemon, "spare.discarded")
     assert handed == []
-    assert not set(started_pids(daemon, "lost", 2)) & set(group)
+    assert [r for r in dropped if r.get("job") == job] != []
+    assert not set(started_pids(daemon, job, 2)) & set(group)
     assert incident["status"] == "verified"
-    assert members_record(daemon, "lost", 2)["members"][1]["replay_ok"]
+    assert members_record(daemon, job, 2)["members"][1]["replay_ok"]
     assert all(gone(pid) for pid in group)
 
 
