@@ -26,17 +26,16 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from daemon import Wardend, job_text, median, private_dir, read_events, running
+from daemon import Wardend, job_text, median, private_dir, running
 from figures import Figure, at_most, context, records
 from recovery import wait_spare
+from supervisord import Stream, Supervisord
 
 from jobwarden.worker.command import worker_argv
 
@@ -47,91 +46,6 @@ THREE_KILLS = (1500, 3000, 4500)
 THREE_STEPS = 6000
 TARGET_RATIO = 0.25
 Record = dict[str, Any]
-
-
-class Stream:
-    """The events of every start of one worker, wherever the supervisor keeps them."""
-
-    def __init__(self, files: Any) -> None:
-        self.files = files
-
-    def all(self) -> list[Record]:
-        """Every event so far, in order of time."""
-        found = [e for path in self.files() for e in read_events(path)]
-        return sorted(found, key=lambda e: e.get("time", 0))
-
-    def wait(self, match: Any, timeout: float = 180) -> Record:
-        """The first event that matches."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for e in self.all():
-                if match(e):
-                    return e
-            time.sleep(0.002)
-        raise TimeoutError("no matching event")
-
-    def kill_after(self, step: int, before_kill: Any = None) -> float:
-        """SIGKILL the live worker after its progress of ``step``; the kill's time."""
-        if before_kill is not None:
-            before_kill()
-        self.wait(lambda e: e.get("event") == "progress" and e["step"] >= step)
-        pid = [e["pid"] for e in self.all() if e.get("event") == "started"][-1]
-        os.kill(pid, signal.SIGKILL)
-        return time.time()
-
-    def resumed_after(self, killed: float) -> Record:
-        """The first progress event after the kill."""
-        return self.wait(lambda e: e.get("event") == "progress" and e["time"] > killed)
-
-
-class Supervisord:
-    """supervisord running one worker program, its stdout the events file."""
-
-    def __init__(self, folder: Path, job_file: Path, cache: Path) -> None:
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)  # job_file may have made it
-        argv = worker_argv(job_file, folder / "checkpoints", cache)
-        conf = folder / "supervisord.conf"
-        conf.write_text(
-            "\n".join(
-                [
-                    "[supervisord]",
-                    "nodaemon=true",
-                    f"logfile={folder / 'supervisord.log'}",
-                    f"pidfile={folder / 'supervisord.pid'}",
-                    "[program:worker]",
-                    f"command={' '.join(argv)}",
-                    "autostart=true",
-                    "autorestart=true",
-                    "startsecs=0",
-                    "startretries=100",
-                    f"stdout_logfile={folder / 'events.jsonl'}",
-                    "stdout_logfile_maxbytes=0",
-                    f"stderr_logfile={folder / 'stderr.log'}",
-                    "stderr_logfile_maxbytes=0",
-                    "",
-                ]
-            )
-        )
-        env = {k: v for k, v in os.environ.items() if not k.startswith("JOBWARDEN_")}
-        binary = Path(sys.executable).with_name("supervisord")
-        self.began = time.time()
-        self.proc = subprocess.Popen(
-            [str(binary), "-c", str(conf)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        self.stream = Stream(lambda: [folder / "events.jsonl"])
-
-    def stop(self) -> None:
-        """SIGTERM supervisord (it stops the worker) and wait."""
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def job_file(folder: Path, job: str, steps: int) -> Path:
@@ -202,14 +116,16 @@ def run_supervisord(base: Path, cache: Path, trials: int) -> Record:
     recoveries = []
     for i in range(trials):
         folder = base / f"supervisord-{i:02d}"
-        sup = Supervisord(folder, job_file(folder, f"peer-{i:02d}", STEPS), cache)
+        job = job_file(folder, f"peer-{i:02d}", STEPS)
+        sup = Supervisord(folder, worker_argv(job, folder / "checkpoints", cache))
         try:
             killed = sup.stream.kill_after(KILL_AT)
             recoveries.append(sup.stream.resumed_after(killed)["time"] - killed)
         finally:
             sup.stop()
     folder = base / "supervisord-three"
-    sup = Supervisord(folder, job_file(folder, "three", THREE_STEPS), cache)
+    job = job_file(folder, "three", THREE_STEPS)
+    sup = Supervisord(folder, worker_argv(job, folder / "checkpoints", cache))
     try:
         for step in THREE_KILLS:
             killed = sup.stream.kill_after(step)

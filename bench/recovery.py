@@ -36,6 +36,12 @@ one run):
   ``jax.distributed`` is joined (it must come before any JAX computation), so
   it saves the interpreter, the imports and the data but not the model's
   construction and compilation.
+- *2-process dp_mlp, no spares / group spare*: the built-in ``dp_mlp`` task in
+  2 processes, member 1 SIGKILLed, to the first progress of every member
+  (`recovery_groups`): cold on ``--no-warm-spare``, handed to the job's group
+  spare (both members joined, data built, update compiled) on the default.
+- *digits under supervisord*: the digits program standalone under supervisord
+  with ``autorestart`` (`recovery_supervisord`), killed after update 40.
 
 The breakdown (p50): kill to ``attempt.exited`` (detection), to
 ``attempt.started`` (incident, backoff), to the worker's ``started`` event
@@ -74,6 +80,13 @@ from daemon import (
 )
 from daemon_records import first_time
 from figures import Figure, at_most, context, records
+from recovery_groups import FLAGS as DP_FLAGS
+from recovery_groups import NAMES as DP_NAMES
+from recovery_groups import TARGETS_S as DP_TARGETS_S
+from recovery_groups import sample_dp
+from recovery_supervisord import FLAGS as SV_FLAGS
+from recovery_supervisord import NAMES as SV_NAMES
+from recovery_supervisord import sample_supervisord
 
 RESULTS = Path(__file__).resolve().parent / "results" / "recovery.json"
 KILL_AT = 40
@@ -81,7 +94,7 @@ TARGET_S = 0.3
 JOB = {"run": {"steps": 400}, "faults": {"step_delay_s": 0.05}}
 DIGITS = Path(__file__).resolve().parent.parent / "examples" / "digits"
 IDLE_WINDOW_S = 2.0
-TARGETS_S = {"spare": TARGET_S, "digits-spare": TARGET_S, "pair-spare": 1.0}
+TARGETS_S = {"spare": TARGET_S, "digits-spare": TARGET_S, "pair-spare": 1.0, **DP_TARGETS_S}
 """The p50 targets: 0.3 s for one process, 1 s for every member of a 2-process job."""
 Record = dict[str, Any]
 
@@ -261,6 +274,8 @@ NAMES = {
     "digits-spare": "recovery: digits example (SDK, Flax), spare (default)",
     "pair-cold": "recovery: 2-process digits, every member, no spares",
     "pair-spare": "recovery: 2-process digits, every member, a spare each (default)",
+    **DP_NAMES,
+    **SV_NAMES,
 }
 FLAGS = {
     "old": ("--no-warm-spare",),
@@ -270,7 +285,18 @@ FLAGS = {
     "digits-spare": (),
     "pair-cold": ("--spare-memory-mb", "0"),
     "pair-spare": (),
+    **DP_FLAGS,
+    **SV_FLAGS,
 }
+
+
+def sampler(variant: str) -> Any:
+    """The function that samples ``variant``."""
+    if variant.startswith("dp"):
+        return sample_dp
+    if variant == "digits-supervisord":
+        return sample_supervisord
+    return sample_pair if variant.startswith("pair") else sample
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -288,10 +314,10 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.ExitStack() as stack:
             daemons = {v: stack.enter_context(running(base / v, cache, *FLAGS[v])) for v in chosen}
             for v, d in daemons.items():  # warm the compile cache and start the spare
-                (sample_pair if v.startswith("pair") else sample)(d, f"warmup-{v}", v)
+                sampler(v)(d, f"warmup-{v}", v)
             for i in range(args.samples):
                 for v, d in daemons.items():
-                    one = sample_pair if v.startswith("pair") else sample
+                    one = sampler(v)
                     runs[v].append(one(d, f"{v}-{i:02d}", v))
                     print(f"{v} {i}: {runs[v][-1]['recovery_s']:.3f} s", flush=True)
     finally:
@@ -325,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         ("spare", "old"),
         ("digits-spare", "digits-cold"),
         ("pair-spare", "pair-cold"),
+        ("dp-spare", "dp-cold"),
+        ("digits-spare", "digits-supervisord"),
     ):
         if over in p50 and under in p50:
             ratios[f"{over}/{under}"] = p50[over] / p50[under]
@@ -359,7 +387,7 @@ def figures(measures: list[Measure]) -> list[Figure]:
         p50 = m.stat("p50")
         assert p50 is not None
         name = f"{m.name.removeprefix('recovery: ')}, SIGKILL to first resumed progress, p50"
-        label = name if "digits" in m.name else f"linreg, {name}"
+        label = name if "digits" in m.name or "dp_mlp" in m.name else f"linreg, {name}"
         if m.target_s is not None:
             out.append(at_most(label, p50, m.target_s, ".3f", " s"))
         else:

@@ -119,11 +119,14 @@ class Membership:
         return {**identity, "processes": str(self.processes)} if self.group else identity
 
     def join(self) -> None:
-        """Join the other members: gloo collectives on CPU, then `jax.distributed`."""
+        """Join the other members: gloo collectives on CPU, then `jax.distributed` (once: a
+        process that has joined already, a member of a group spare, stays in its group)."""
         if not self.group:
             return
         import jax
 
+        if jax.distributed.is_initialized():  # a group spare joined before it was handed the run
+            return
         address = self.coordinator
         if self.rendezvous and self.writes:
             address = publish_coordinator(self.coordinator, Path(self.rendezvous))

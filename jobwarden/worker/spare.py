@@ -13,6 +13,13 @@ the writer lock, restores, emits the same events and runs on; only the
 prepared data and compiled update are reused.  End of stdin before a handoff
 (the daemon stopped, or retires the spare) ends it at once, preparing or not.
 
+A member of a group spare (started with the membership variables of a
+multi-process job, `jobwarden.sdk.distributed`) joins the other members of its
+group before it prepares (`jobwarden.worker.warm.prepare`), and answers the
+handoff with one line (``{"spare": "taken"}``) before it becomes the attempt:
+the daemon hands the group only when every member has answered, and discards
+the whole group otherwise.
+
 It is a process started fresh, never a fork of a process that has imported
 JAX: XLA keeps threads a fork would not carry over.
 """
@@ -33,10 +40,13 @@ from typing import Any
 from jobwarden import tasks
 from jobwarden.jobfile import load_job
 from jobwarden.runtime import exit_now
+from jobwarden.sdk.distributed import Membership
 from jobwarden.worker.warm import prepare
 
 READY = {"spare": "ready"}
 """The line a prepared spare writes on stdout, before any event."""
+TAKEN = {"spare": "taken"}
+"""The line a member of a group spare writes on stdout when it reads its handoff."""
 
 
 def read_handoff(lines: queue.Queue[str]) -> None:
@@ -70,12 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     # installed distribution's entry points again would cost a recovery about 0.1 s.
     setattr(tasks, "_scan", functools.cache(tasks._scan))  # noqa: B010 - a module function
     began = time.monotonic()
-    warm = prepare(load_job(args.job), args.compile_cache)
+    member = Membership.from_environ()
+    warm = prepare(load_job(args.job), args.compile_cache, member if member.group else None)
     ready = {**READY, "pid": os.getpid(), "prepared_s": round(time.monotonic() - began, 4)}
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()
     line = lines.get()
     handoff = json.loads(line)
+    if member.group:
+        sys.stdout.write(json.dumps(TAKEN) + "\n")
+        sys.stdout.flush()
     take_over(handoff)
     from jobwarden.worker.builtin import run_job
 

@@ -2,7 +2,12 @@
 
 `prepare` runs in a spare before any job is handed to it (`jobwarden.worker.spare`);
 the built-in program (`jobwarden.worker.builtin`) reuses the `Warm` it returns when
-the handed job trains what it was prepared for, and starts cold otherwise.
+the handed job trains what it was prepared for, and starts cold otherwise.  A member
+of a group spare (several processes of one job) joins `jax.distributed` with the
+other members first, since JAX refuses to join once any computation has run, and
+also runs the collectives a restore and a commit use (the broadcast of member 0's
+start, the comparison of the members' hashes) once, so the handed group compiles
+nothing before its first update.
 """
 
 from __future__ import annotations
@@ -11,9 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from jobwarden import statetree as state_tree
 from jobwarden.jobfile import Job
 from jobwarden.runtime import enable_compilation_cache, pin_environment
+from jobwarden.sdk.distributed import Membership
 
 
 @dataclass(frozen=True)
@@ -31,13 +39,16 @@ class Warm:
         return job.task == self.task and job.train_fields() == self.train
 
 
-def prepare(job: Job, compile_cache: Path | None) -> Warm:
-    """Import JAX, build the data and compile the update on the initial state."""
+def prepare(job: Job, compile_cache: Path | None, member: Membership | None = None) -> Warm:
+    """Import JAX, build the data and compile the update on the initial state (a member of
+    a group spare: after joining the other members, ``member``)."""
     pin_environment()
     import jax
 
     if compile_cache is not None:
         enable_compilation_cache(compile_cache)
+    if member is not None:
+        member.join()
     import jobwarden.sdk  # noqa: F401 - the step loop's modules, imported ahead
 
     task = job.task_instance()
@@ -47,4 +58,8 @@ def prepare(job: Job, compile_cache: Path | None) -> Warm:
     initial = task.init_state(data)
     like_restored = state_tree.unflatten_like(initial, dict(state_tree.flatten(initial)))
     jax.block_until_ready(step(like_restored))  # type: ignore[no-untyped-call]
+    if member is not None and member.group:
+        leaves = [np.asarray(leaf) for _, leaf in state_tree.flatten(initial)]
+        member.share_start(0, leaves)
+        member.agree(0, "")
     return Warm(job.task or "", job.train_fields(), data, step)

@@ -34,6 +34,7 @@ from jobwarden.daemon.launch.base import (
     RunningAttempt,
     suppress_gone,
 )
+from jobwarden.daemon.launch.group_spares import GroupSpares, group_key
 from jobwarden.daemon.launch.members import GroupAttempt
 from jobwarden.daemon.launch.program_spares import ProgramSpares, program_key
 from jobwarden.daemon.launch.spares import SparePool, handed_to
@@ -105,25 +106,35 @@ class LocalLauncher(Launcher):
         warm = self.settings.warm_spares
         self.spares = SparePool() if warm else None
         """Warm spares for built-in task jobs (`jobwarden.daemon.launch.spares`); None: cold."""
+        self.groups = GroupSpares() if warm else None
+        """Group spares for built-in multi-process jobs (`jobwarden.daemon.launch.group_spares`)."""
         memory = self.settings.spare_memory_mb
         self.programs = ProgramSpares(memory) if warm and memory != 0 else None
         """Spares of SDK programs (`jobwarden.daemon.launch.program_spares`); None: cold."""
 
     async def close(self) -> None:
-        """Retire every warm spare (each ends at once when its stdin closes) and every
-        program's spare, and wait for them to end."""
+        """Retire every warm spare (each ends at once when its stdin closes), every group
+        spare and every program's spare, and wait for them to end."""
         if self.spares is not None:
             await self.spares.close()
+        if self.groups is not None:
+            await self.groups.close()
         if self.programs is not None:
             await self.programs.close()
 
     def settled(self, job_id: str) -> None:
-        """The job rests: its program's spare is killed, with its whole process tree."""
+        """The job rests: its program's spare or its group spare is killed, with every
+        process tree."""
         if self.programs is not None:
             self.programs.settled(job_id)
+        if self.groups is not None:
+            self.groups.settled(job_id)
 
     def spare_of(self, job_id: str) -> dict[str, Any] | None:
-        """The job's program spare: pid, preparing or ready, and the memory its tree holds."""
+        """The job's program spare or group spare: pids, preparing or ready, and the memory
+        its trees hold."""
+        if self.groups is not None and (group := self.groups.view(job_id)) is not None:
+            return group
         return self.programs.view(job_id) if self.programs is not None else None
 
     async def wait_orphan(self, pid: int, started: float | None) -> None:
@@ -167,6 +178,8 @@ class LocalLauncher(Launcher):
         members for ``processes = N`` (`jobwarden.daemon.launch.members`)."""
         if spec.processes > 1:
             programs = self.programs if program_key(spec) is not None else None
+            if programs is None and self.groups is not None and group_key(spec) is not None:
+                return await self.groups.start(spec, self.spawn, LocalAttempt)
             if programs is None:
                 return await GroupAttempt.start(spec, self.spawn)
 

@@ -25,6 +25,7 @@ collective): it is the one blamed, with a ``failed`` event of code `EARLY_EXIT_C
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import socket
@@ -44,7 +45,8 @@ MEMBER_STOP_GRACE_S = 3.0
 """How long a survivor of a failed member gets after SIGTERM before SIGKILL."""
 MEMBER_SETTLE_S = 0.5
 """How long after a member's failure the others may end on their own before they are stopped:
-the member that failed first is told from those whose collective it broke."""
+the member that failed first is told from those whose collective it broke (the attempt ends
+as soon as all have ended, without waiting the rest of it)."""
 EARLY_EXIT_CODE = "member.exited_early"
 """The code of the failure of a member that exited 0 before it completed."""
 PEER_LOST_MARKS = ("Gloo", "Connection reset by peer", "Connection closed", "coordination service")
@@ -120,6 +122,7 @@ class GroupAttempt(RunningAttempt):
         self._stopping = False
         self._failures: dict[int, Event] = {}
         self._ends: list[tuple[int, bool]] = []
+        self._one_ended = asyncio.Event()
         """(member, whether it ended on its own: not stopped by the group or the daemon)"""
         self._ready: Event | None = None
         self._completed: Event | None = None
@@ -235,11 +238,20 @@ class GroupAttempt(RunningAttempt):
 
         await member.running.follow(lambda e: self._event(member, e), malformed)
         self._ends.append((member.index, not self._stopping))
+        self._one_ended.set()
         if _failed(member, self._emits) and not self._stopping:
             self._failing = True
-            await asyncio.sleep(MEMBER_SETTLE_S)  # a peer that died at once ends on its own
+            await self._settle()  # a peer that died at once ends on its own
             if not self._stopping:
                 await self._stop_survivors()
+
+    async def _settle(self) -> None:
+        """Until every member has ended, or `MEMBER_SETTLE_S` has passed."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(MEMBER_SETTLE_S):
+                while len(self._ends) < len(self.members):
+                    self._one_ended.clear()
+                    await self._one_ended.wait()
 
     async def _lost_nodes(self) -> dict[int, str]:
         """Members whose machine was lost under them, with what names it; none where members
