@@ -70,6 +70,31 @@ class MembershipError(JobwardenError):
     exit_status = 2
 
 
+def probe_coordinator(address: str) -> None:
+    """Raise `CoordinatorUnavailable` when member 0 could not listen on ``address``'s port as
+    JAX's coordinator will (every interface, IPv6 with IPv4 mapped, address reuse): JAX ends
+    the process with SIGSEGV as often as it raises when its bind fails."""
+    port = int(address.rsplit(":", 1)[1])
+    for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):  # noqa: S104
+        try:
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 here: IPv4 alone
+            continue
+        with probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            try:
+                probe.bind((host, port))
+            except OSError as error:
+                raise CoordinatorUnavailable(
+                    f"member 0 could not listen on the coordinator address {address}: "
+                    f"{error.strerror} (another process holds the port?)",
+                    coordinator=address,
+                ) from error
+        return
+
+
 @dataclass(frozen=True)
 class Membership:
     """Which member of how many this process is, and where the coordinator listens."""
@@ -133,6 +158,8 @@ class Membership:
         elif self.rendezvous:
             address = await_coordinator(Path(self.rendezvous), JOIN_TIMEOUT_S)
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # type: ignore[no-untyped-call]
+        if self.writes:
+            probe_coordinator(address)
         try:
             jax.distributed.initialize(
                 coordinator_address=address,
