@@ -50,6 +50,7 @@ PINNED: dict[str, str] = {
     "daemon.root_locked": RESTART,
     "daemon.root_unsafe": "unsafe_path",
     "daemon.unappliable_outcome": RESTART,
+    "distributed.coordinator": RESTART,
     "distributed.diverged": RESTART,
     "distributed.membership": RESTART,
     "drill.abandoned": RESTART,

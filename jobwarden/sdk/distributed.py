@@ -17,6 +17,7 @@ commit that every member holds exactly the state being written (docs/multiproces
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import time
@@ -77,21 +78,19 @@ def probe_coordinator(address: str) -> None:
     port = int(address.rsplit(":", 1)[1])
     for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):  # noqa: S104
         try:
-            probe = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:  # no IPv6 here: IPv4 alone
-            continue
-        with probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
                 probe.bind((host, port))
-            except OSError as error:
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
                 raise CoordinatorUnavailable(
                     f"member 0 could not listen on the coordinator address {address}: "
-                    f"{error.strerror} (another process holds the port?)",
+                    f"{error.strerror} (another process holds the port)",
                     coordinator=address,
                 ) from error
+            continue  # no IPv6 on this host (or none at all): the next family, else JAX's own
         return
 
 
