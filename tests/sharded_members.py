@@ -1,10 +1,12 @@
 """One member of a 2-process JAX job that hashes a state laid out over both members:
-``python tests/sharded_members.py PROCESS PROCESSES PORT [flip]``.
+``python tests/sharded_members.py PROCESS PROCESSES PORT [flip | task STEPS]``.
 
 It prints one JSON line: the combined hash of the state laid out over a mesh of every
 member's device, the hash of the same values replicated over the same mesh and hashed
 through the same layout, and the layout.  With ``flip`` member 1 flips one bit of its
-own shard first.  `state_values` is the state whole, for the one-process hash."""
+own shard first.  `state_values` is the state whole, for the one-process hash.  With
+``task STEPS`` it runs ``sharded_mlp`` for STEPS updates instead and prints the combined
+hash of the state after them, and which leaves it laid out."""
 
 from __future__ import annotations
 
@@ -43,6 +45,11 @@ def main() -> None:
     flip = sys.argv[4:] == ["flip"]
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # type: ignore[no-untyped-call]
     jax.distributed.initialize(f"127.0.0.1:{port}", processes, process)
+    gather = lambda rows: np.asarray(multihost_utils.process_allgather(rows))  # noqa: E731
+    if sys.argv[4:5] == ["task"]:
+        run_task(process, int(sys.argv[5]), gather)
+        jax.distributed.shutdown()
+        return
     mesh = Mesh(np.array(jax.devices()), ("m",))
     values = state_values()
     if flip and process == 1:
@@ -58,9 +65,7 @@ def main() -> None:
 
     sharded = [(path, placed(path, v, True)) for path, v in values.items()]
     layout = layout_of(sharded)
-    hasher = ShardedStateHasher(
-        lambda rows: np.asarray(multihost_utils.process_allgather(rows)), layout, process
-    )
+    hasher = ShardedStateHasher(gather, layout, process)
     digest, components = hasher(sharded, 5)
     replicated = [(path, placed(path, v, False)) for path, v in values.items()]
     again, _ = hasher(replicated, 5)
@@ -73,6 +78,27 @@ def main() -> None:
     }
     sys.stdout.write(json.dumps(out) + "\n")
     jax.distributed.shutdown()
+
+
+def run_task(process: int, steps: int, gather: Any) -> None:
+    """``sharded_mlp`` for ``steps`` updates; prints the combined hash and the layout."""
+    import jax
+
+    from jobwarden.sdk.leaves import Flattener
+    from jobwarden.shards.hash import ShardedStateHasher, layout_of
+    from jobwarden.tasks.sharded_mlp import ShardedMLP, ShardedMLPTrain
+
+    task = ShardedMLP(ShardedMLPTrain(seed=1, width=32, batch_size=32))
+    data = task.data()
+    state = task.init_state(data)
+    update = jax.jit(task.update(data))
+    for _ in range(steps):
+        state, _loss = update(state)
+    leaves = Flattener()(state)
+    layout = layout_of(leaves)
+    digest, _ = ShardedStateHasher(gather, layout, process)(leaves, steps)
+    out = {"process": process, "sharded": digest, "laid_out": sorted(layout)}
+    sys.stdout.write(json.dumps(out) + "\n")
 
 
 if __name__ == "__main__":

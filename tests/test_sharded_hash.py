@@ -119,3 +119,33 @@ class TestWithoutLayout:
         layout = {"params/w1": ((box, 0), (other, 1))}
         assert layout_state_hash(leaves, 5, layout)[0] != state_hash(leaves, 5)[0]
         assert np.asarray(leaves[0][1]).shape == (8, 6)
+
+
+class TestShardedMLP:
+    """The built-in ``sharded_mlp`` task in two real processes."""
+
+    def test_lays_out_every_weight_bias_and_moment_and_repeats_bit_for_bit(self) -> None:
+        """Two runs of 3 updates give one combined hash; params, mu and nu are laid out."""
+        first, second = run_members("task", "3"), run_members("task", "3")
+        assert first[0]["sharded"] == first[1]["sharded"] == second[0]["sharded"]
+        laid_out = first[0]["laid_out"]
+        assert "params/layer00/w" in laid_out
+        assert "opt_state/0/mu/layer01/w" in laid_out
+        assert "opt_state/0/nu/layer02/w" in laid_out
+        assert "key" not in laid_out
+
+    def test_a_different_number_of_updates_is_a_different_state(self) -> None:
+        """After 2 updates the hash is not the one after 3."""
+        assert run_members("task", "2")[0]["sharded"] != run_members("task", "3")[0]["sharded"]
+
+
+def test_split_axis_prefers_the_last_axis_then_the_first() -> None:
+    """A (64, 1) weight splits on its rows, a (16, 64) one on its columns, (1,) not at all."""
+    from jobwarden.tasks.sharded_mlp import split_axis
+
+    assert [
+        split_axis((16, 64), 2),
+        split_axis((64, 1), 2),
+        split_axis((1,), 2),
+        split_axis((16, 64), 1),
+    ] == [1, 0, None, None]
