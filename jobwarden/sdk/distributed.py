@@ -125,6 +125,23 @@ class Membership:
             initialization_timeout=JOIN_TIMEOUT_S,
         )
 
+    def allgather(self, rows: np.ndarray) -> np.ndarray:
+        """Every member's ``rows``, stacked in member order (a collective: all call it)."""
+        if not self.group:
+            return rows[None]
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(rows))
+
+    def broadcast(self, values: np.ndarray) -> np.ndarray:
+        """Member 0's int32 ``values`` in every member (a collective)."""
+        if not self.group:
+            return values
+        from jax.experimental import multihost_utils
+
+        sent = multihost_utils.broadcast_one_to_all(values, is_source=self.writes)
+        return np.asarray(sent)
+
     def share_start(self, step: int, leaves: list[np.ndarray]) -> tuple[int, list[np.ndarray]]:
         """Member 0's ``(step, leaves)`` in every member, bit for bit (the others pass their
         initial state as the template of shapes and dtypes)."""

@@ -1,0 +1,180 @@
+"""Sharded steps written by two real worker processes: per-member shard files, a commit
+record last, restore of only this member's shards, refusals as a unit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobwarden.shards.record import CommitRecord
+from tests.test_sharded_hash import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB = """id = "sharded"
+task = "sharded_mlp"
+[train]
+seed = 1
+width = 32
+batch_size = 32
+[run]
+steps = {steps}
+checkpoint_every = 2
+keep_checkpoints = 3
+processes = {processes}
+"""
+PINNED = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+def run_members(
+    tmp: Path, directory: Path, steps: int, processes: int = 2
+) -> list[tuple[int, list[dict[str, Any]]]]:
+    """Run the job's members to their end; each member's exit status and events."""
+    job = tmp / f"job-{steps}-{processes}.toml"
+    job.write_text(JOB.format(steps=steps, processes=processes))
+    port = free_port()
+    procs = []
+    for index in range(processes):
+        env = {**os.environ, "XLA_FLAGS": PINNED}
+        if processes > 1:
+            env.update(
+                JOBWARDEN_PROCESS_ID=str(index),
+                JOBWARDEN_PROCESSES=str(processes),
+                JOBWARDEN_COORDINATOR=f"127.0.0.1:{port}",
+            )
+        command = [sys.executable, "-m", "jobwarden.worker", "--job", str(job)]
+        procs.append(
+            subprocess.Popen(
+                [*command, "--checkpoint-dir", str(directory)],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    results = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=240)
+        events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        results.append((proc.returncode, events))
+    return results
+
+
+def hashes(events: list[dict[str, Any]]) -> dict[int, str]:
+    """Each progress step's state hash."""
+    return {e["step"]: e["state_hash"] for e in events if e["event"] == "progress"}
+
+
+def one(events: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    """The one event of ``kind``."""
+    found = [e for e in events if e["event"] == kind]
+    assert len(found) == 1, [e["event"] for e in events]
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """The uninterrupted run's state hash at each of 8 updates."""
+    tmp = tmp_path_factory.mktemp("reference")
+    directory = tmp / "ck"
+    results = run_members(tmp, directory, 8)
+    assert [status for status, _ in results] == [0, 0]
+    assert hashes(results[0][1]) == hashes(results[1][1])
+    return hashes(results[0][1])
+
+
+@pytest.fixture
+def six(tmp_path: Path) -> Path:
+    """A checkpoint directory holding the sharded steps 2, 4 and 6."""
+    directory = tmp_path / "ck"
+    results = run_members(tmp_path, directory, 6)
+    assert [status for status, _ in results] == [0, 0], results[0][1][-1]
+    return directory
+
+
+def test_each_step_is_one_shard_per_member_and_a_record(six: Path) -> None:
+    """Steps 2, 4, 6 each hold both members' shard files and a record naming them."""
+    names = sorted(p.name for p in six.iterdir() if p.name.startswith("ckpt-"))
+    expected = [
+        f"ckpt-{s:010d}.{kind}"
+        for s in (2, 4, 6)
+        for kind in ("commit.json", "shard-0-of-2.safetensors", "shard-1-of-2.safetensors")
+    ]
+    assert expected == names
+    record = CommitRecord.from_bytes("r", (six / "ckpt-0000000006.commit.json").read_bytes())
+    assert [m.file for m in record.members] == expected[-2:]
+    assert (len(record.devices), list(record.devices)) == (2, [1, 1])
+    shard0 = (six / expected[-2]).read_bytes()
+    assert b"params/layer00/w@0:16,0:16" in shard0
+    assert b"params/layer00/w@0:16,16:32" not in shard0
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one(
+    six: Path, tmp_path: Path, reference: dict[int, str]
+) -> None:
+    """Both members restore step 6 from their own shards and every later update is equal."""
+    results = run_members(tmp_path, six, 8)
+    assert [status for status, _ in results] == [0, 0]
+    restored = one(results[0][1], "restored")
+    assert (6, reference[6]) == (restored["step"], restored["state_hash"])
+    assert "state_hash" in restored["checks"]
+    for _, events in results:
+        assert {7: reference[7], 8: reference[8]} == hashes(events)
+
+
+def test_a_step_without_its_record_is_never_restored(
+    six: Path, tmp_path: Path, reference: dict[int, str]
+) -> None:
+    """Step 6's record removed: step 4 is restored, step 6's shards are quarantined."""
+    (six / "ckpt-0000000006.commit.json").unlink()
+    results = run_members(tmp_path, six, 8)
+    assert [status for status, _ in results] == [0, 0]
+    restored = one(results[0][1], "restored")
+    assert restored["step"] == 4
+    skipped = sorted(s["file"] for s in restored["skipped"])
+    assert skipped == [
+        "ckpt-0000000006.shard-0-of-2.safetensors",
+        "ckpt-0000000006.shard-1-of-2.safetensors",
+    ]
+    assert (six / "quarantine" / skipped[1]).exists()
+    assert hashes(results[1][1])[8] == reference[8]
+
+
+def test_a_damaged_shard_of_one_member_quarantines_the_whole_step(
+    six: Path, tmp_path: Path, reference: dict[int, str]
+) -> None:
+    """A flipped byte in member 1's shard of step 6: the step goes as a unit, 4 is used."""
+    shard = six / "ckpt-0000000006.shard-1-of-2.safetensors"
+    damaged = bytearray(shard.read_bytes())
+    damaged[-1] ^= 0xFF
+    shard.write_bytes(bytes(damaged))
+    results = run_members(tmp_path, six, 8)
+    assert [status for status, _ in results] == [0, 0]
+    restored = one(results[0][1], "restored")
+    assert restored["step"] == 4
+    assert "member 1" in restored["skipped"][0]["message"]
+    kept = sorted(p.name for p in (six / "quarantine").iterdir() if "reason" not in p.name)
+    assert kept == [
+        "ckpt-0000000006.commit.json",
+        "ckpt-0000000006.shard-0-of-2.safetensors",
+        "ckpt-0000000006.shard-1-of-2.safetensors",
+    ]
+    assert (six / "quarantine" / shard.name).read_bytes() == bytes(damaged)
+    assert hashes(results[0][1])[8] == reference[8]
+
+
+def test_a_single_process_is_refused_naming_both_layouts(six: Path, tmp_path: Path) -> None:
+    """One member on a directory of 2-member steps: refused as incompatible, nothing new."""
+    before = sorted(p.name for p in six.iterdir())
+    [(status, events)] = run_members(tmp_path, six, 8, processes=1)
+    failed = one(events, "failed")
+    assert (status, failed["code"]) == (27, "checkpoint.runtime")
+    assert "saved 2 member(s) with [1, 1] device(s)" in failed["message"]
+    assert "running a state with no leaf laid out" in failed["message"]
+    assert before == sorted(p.name for p in six.iterdir())
