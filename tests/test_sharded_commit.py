@@ -178,3 +178,23 @@ def test_a_single_process_is_refused_naming_both_layouts(six: Path, tmp_path: Pa
     assert "saved 2 member(s) with [1, 1] device(s)" in failed["message"]
     assert "running a state with no leaf laid out" in failed["message"]
     assert before == sorted(p.name for p in six.iterdir())
+
+
+def test_crash_drill_of_sharded_mlp_over_two_members_is_verified(tmp_path: Path) -> None:
+    """wardenctl drill crash --task sharded_mlp --processes 2: member 1 crashes, both restore
+    their own shards, every resumed update of each member equals the reference's."""
+    wardenctl = Path(sys.executable).with_name("wardenctl")
+    argv = [str(wardenctl), "drill", "crash", "--task", "sharded_mlp", "--processes", "2"]
+    done = subprocess.run(
+        [*argv, "--json", "--out", str(tmp_path / "ev")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    verdict = json.loads(done.stdout)
+    assert [(m["process"], m["differing_steps"]) for m in verdict["members"]] == [(0, []), (1, [])]
+    checkpoints = tmp_path / "ev" / "root" / "checkpoints"
+    shards = sorted(p.name for p in checkpoints.rglob("*.shard-1-of-2.safetensors"))
+    assert shards, sorted(p.name for p in checkpoints.rglob("*"))
