@@ -7,12 +7,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from jobwarden.shards.record import CommitRecord
+from jobwarden.testfaults import ENV, Fault
 from tests.test_sharded_hash import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,18 +31,25 @@ keep_checkpoints = 3
 processes = {processes}
 """
 PINNED = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+SURVIVOR_GRACE_S = 15.0
 
 
 def run_members(
-    tmp: Path, directory: Path, steps: int, processes: int = 2
+    tmp: Path,
+    directory: Path,
+    steps: int,
+    processes: int = 2,
+    faults: str = "",
+    environ: dict[int, dict[str, str]] | None = None,
 ) -> list[tuple[int, list[dict[str, Any]]]]:
-    """Run the job's members to their end; each member's exit status and events."""
+    """Run the job's members to their end; each member's exit status and events.  Once one
+    has failed, the others are given `SURVIVOR_GRACE_S` and then killed (restart-all)."""
     job = tmp / f"job-{steps}-{processes}.toml"
-    job.write_text(JOB.format(steps=steps, processes=processes))
+    job.write_text(JOB.format(steps=steps, processes=processes) + faults)
     port = free_port()
     procs = []
     for index in range(processes):
-        env = {**os.environ, "XLA_FLAGS": PINNED}
+        env = {**os.environ, "XLA_FLAGS": PINNED, **(environ or {}).get(index, {})}
         if processes > 1:
             env.update(
                 JOBWARDEN_PROCESS_ID=str(index),
@@ -58,9 +67,17 @@ def run_members(
                 text=True,
             )
         )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not all(p.poll() is not None for p in procs):
+        if any(p.poll() not in (None, 0) for p in procs):
+            deadline = min(deadline, time.monotonic() + SURVIVOR_GRACE_S)
+        time.sleep(0.1)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
     results = []
     for proc in procs:
-        out, _ = proc.communicate(timeout=240)
+        out, _ = proc.communicate(timeout=30)
         events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         results.append((proc.returncode, events))
     return results
@@ -198,3 +215,40 @@ def test_crash_drill_of_sharded_mlp_over_two_members_is_verified(tmp_path: Path)
     checkpoints = tmp_path / "ev" / "root" / "checkpoints"
     shards = sorted(p.name for p in checkpoints.rglob("*.shard-1-of-2.safetensors"))
     assert shards, sorted(p.name for p in checkpoints.rglob("*"))
+
+
+CRASH_IN_COMMIT = "[faults]\ncrash_in_commit = 4\nprocess = {member}\n"
+
+
+@pytest.mark.parametrize(
+    ("fault", "member", "restored"),
+    [
+        ("crash_in_commit", 1, 2),  # member 1 dies with its shard of 4 durable but not in place
+        ("crash_in_commit", 0, 2),  # ... or member 0
+        (Fault.CRASH_AFTER_SHARD, 1, 2),  # a member dies with its shard in place, before the gather
+        (Fault.CRASH_AFTER_SHARD, 0, 2),
+        (Fault.CRASH_BEFORE_RECORD, 0, 2),  # member 0 dies with the record durable, not in place
+        (Fault.CRASH_AFTER_RECORD, 0, 4),  # ... or just after it is in place: step 4 is complete
+    ],
+)
+def test_a_member_killed_at_each_commit_phase_leaves_a_complete_step(
+    tmp_path: Path, reference: dict[int, str], fault: str, member: int, restored: int
+) -> None:
+    """Whichever member dies at whichever phase of the commit of step 4, the restart restores
+    the newest complete step (2, or 4 once its record is in place) and replays it exactly."""
+    directory = tmp_path / "ck"
+    if fault == "crash_in_commit":
+        first = run_members(tmp_path, directory, 6, faults=CRASH_IN_COMMIT.format(member=member))
+    else:
+        first = run_members(tmp_path, directory, 6, environ={member: {ENV: str(fault)}})
+    assert first[member][0] != 0
+    assert (directory / "ckpt-0000000004.commit.json").exists() == (restored == 4)
+    before = {p.name: p.read_bytes() for p in directory.glob("ckpt-0000000002.*")}
+    again = run_members(tmp_path, directory, 6)
+    assert [status for status, _ in again] == [0, 0], again[0][1][-1]
+    assert one(again[0][1], "restored")["step"] == restored
+    for _, events in again:
+        expected = {s: h for s, h in reference.items() if restored < s <= 6}
+        assert hashes(events) == expected
+    if restored == 2:  # the previous complete step was restored untouched
+        assert before == {p.name: p.read_bytes() for p in directory.glob("ckpt-0000000002.*")}

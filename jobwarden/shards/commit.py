@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from jobwarden import testfaults
 from jobwarden.checkpoint.format import Manifest, leaf_specs
 from jobwarden.checkpoint.manifest import LeafSpec
 from jobwarden.errors import WorkerInternalError
@@ -36,7 +37,8 @@ from jobwarden.events import Emitter
 from jobwarden.hashing import Leaves
 from jobwarden.shards.files import ShardFiles
 from jobwarden.shards.hash import Box, Gather, Layout, box_data, box_of
-from jobwarden.shards.record import CommitRecord, MemberShard, piece_path
+from jobwarden.shards.record import CommitRecord, MemberShard, piece_path, step_of
+from jobwarden.testfaults import Fault
 
 Hook = Callable[[Path], None] | None
 ROW_BYTES = 256
@@ -131,6 +133,7 @@ class ShardCommitter:
         mine = group.files.write_shard(
             step, replace(manifest, leaves=leaf_specs(pieces)), pieces, hook
         )
+        testfaults.crash_if(Fault.CRASH_AFTER_SHARD, step)
         reports = group.exchange(f"{mine.file} {mine.checksum} {mine.bytes} {manifest.state_hash}")
         shards = []
         for index, text in enumerate(reports):
@@ -147,7 +150,8 @@ class ShardCommitter:
         if self.emitter is None:
             return  # member 0 writes the record
         record = CommitRecord(manifest, group.devices, group.layout, tuple(shards))
-        self.last_record = path = group.files.write_record(record, record_hook)
+        self.last_record = path = group.files.write_record(record, record_hook or _record_fault)
+        testfaults.crash_if(Fault.CRASH_AFTER_RECORD, step)
         group.files.retain(self.keep)
         if not report:
             return
@@ -162,3 +166,10 @@ class ShardCommitter:
             background=False,
             state_hash=manifest.state_hash,
         )
+
+
+def _record_fault(pending: Path) -> None:
+    """The test-only kill between the record's durable pending file and its rename."""
+    step = step_of(pending.name.removesuffix(".pending"))
+    if step is not None:
+        testfaults.crash_if(Fault.CRASH_BEFORE_RECORD, step)

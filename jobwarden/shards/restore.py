@@ -76,7 +76,7 @@ class ShardRestore:
         """The newest complete compatible step every member can read (a collective)."""
         files = self.group.files
         if self.store is not None:
-            for name in [p.name for p in self.store.pending()] + files.uncommitted():
+            for name in sorted({p.name for p in self.store.pending()} | {*files.uncommitted()}):
                 self._quarantine_file(
                     name,
                     "checkpoint.pending",
