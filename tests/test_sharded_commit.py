@@ -11,9 +11,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from jobwarden.shards.record import CommitRecord
+from jobwarden.checkpoint.manifest import NUMPY_DTYPES
+from jobwarden.checkpoint.shardrecord import CommitRecord
+from jobwarden.shards.hash import layout_state_hash
 from jobwarden.testfaults import ENV, Fault
 from tests.test_sharded_hash import free_port
 
@@ -252,3 +255,33 @@ def test_a_member_killed_at_each_commit_phase_leaves_a_complete_step(
         assert hashes(events) == expected
     if restored == 2:  # the previous complete step was restored untouched
         assert before == {p.name: p.read_bytes() for p in directory.glob("ckpt-0000000002.*")}
+
+
+def test_inspect_lists_shards_per_member_and_the_whole_values_hash_as_committed(
+    six: Path,
+) -> None:
+    """inspect of step 6's record: both members' files verified with their pieces, and the
+    global values it puts together hash, in one process through the record's layout, to the
+    state hash the members committed."""
+    record_path = six / "ckpt-0000000006.commit.json"
+    wardenctl = Path(sys.executable).with_name("wardenctl")
+    done = subprocess.run(
+        [str(wardenctl), "inspect", "--json", "--values", str(record_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    shown = json.loads(done.stdout)
+    assert shown["verdict"]["ok"]
+    assert [(m["member"], m["verified"]) for m in shown["members"]] == [(0, True), (1, True)]
+    pieces = {p["path"] for p in shown["members"][1]["pieces"]}
+    assert "params/layer00/w@0:16,16:32" in pieces
+    assert "params/layer00/w@0:16,0:16" not in pieces
+    record = CommitRecord.from_bytes(str(record_path), record_path.read_bytes())
+    leaves = [
+        (leaf.path, np.asarray(shown["values"][leaf.path], NUMPY_DTYPES[leaf.dtype]))
+        for leaf in record.manifest.leaves
+    ]
+    digest, _ = layout_state_hash(leaves, 6, record.layout)
+    assert digest == record.manifest.state_hash == shown["state_hash"]

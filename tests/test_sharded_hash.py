@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from jobwarden.checkpoint.shardrecord import Box
 from jobwarden.hashing import StateHasher, state_hash
-from jobwarden.shards.hash import Box, layout_state_hash
+from jobwarden.shards.hash import layout_state_hash
 from tests import sharded_members
 
 MEMBER = Path(__file__).with_name("sharded_members.py")

@@ -33,6 +33,7 @@ from jobwarden.checkpoint.errors import (
     RuntimeMismatch,
 )
 from jobwarden.checkpoint.lock import WriterLock, open_directory, read_generation
+from jobwarden.checkpoint.shardrecord import RECORD, CommitRecord, describe
 from jobwarden.checkpoint.validate import (
     Expected,
     check_config,
@@ -44,7 +45,6 @@ from jobwarden.checkpoint.validate import (
 from jobwarden.errors import WriterLockedError
 from jobwarden.files import Directory
 from jobwarden.hashing import Leaves
-from jobwarden.shards.record import RECORD, CommitRecord, describe
 
 if TYPE_CHECKING:
     from jobwarden.jobfile import Job

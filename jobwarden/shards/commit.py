@@ -32,12 +32,19 @@ import numpy as np
 from jobwarden import testfaults
 from jobwarden.checkpoint.format import Manifest, leaf_specs
 from jobwarden.checkpoint.manifest import LeafSpec
+from jobwarden.checkpoint.shardrecord import (
+    Box,
+    CommitRecord,
+    Layout,
+    MemberShard,
+    piece_path,
+    step_of,
+)
 from jobwarden.errors import WorkerInternalError
 from jobwarden.events import Emitter
 from jobwarden.hashing import Leaves
 from jobwarden.shards.files import ShardFiles
-from jobwarden.shards.hash import Box, Gather, Layout, box_data, box_of
-from jobwarden.shards.record import CommitRecord, MemberShard, piece_path, step_of
+from jobwarden.shards.hash import Gather, box_data, box_of
 from jobwarden.testfaults import Fault
 
 Hook = Callable[[Path], None] | None

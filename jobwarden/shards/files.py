@@ -17,9 +17,7 @@ from pathlib import Path
 
 from jobwarden.checkpoint import format
 from jobwarden.checkpoint.lock import open_directory
-from jobwarden.files import PENDING_SUFFIX
-from jobwarden.hashing import Leaves
-from jobwarden.shards.record import (
+from jobwarden.checkpoint.shardrecord import (
     RECORD,
     SHARD,
     CommitRecord,
@@ -28,6 +26,8 @@ from jobwarden.shards.record import (
     shard_name,
     step_of,
 )
+from jobwarden.files import PENDING_SUFFIX
+from jobwarden.hashing import Leaves
 
 Hook = Callable[[Path], None] | None
 MAX_RECORD_BYTES = 64 << 20

@@ -21,19 +21,16 @@ same layout (`layout_state_hash`), because it depends only on the values and the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import xxhash
 
+from jobwarden.checkpoint.shardrecord import Box, Layout
 from jobwarden.hashing import Leaves, StateHasher, component_of, little_endian, state_hash_of
 from jobwarden.hashing import update_with_leaf as _plain_leaf
 
-Box = tuple[tuple[int, int], ...]
-"""A box of a leaf: (start, stop) on each axis, in global indices."""
-Layout = Mapping[str, tuple[tuple[Box, int], ...]]
-"""Each laid-out leaf's boxes in canonical order, each with the process that owns it."""
 Gather = Callable[[np.ndarray], np.ndarray]
 """An all-gather: every member's ``(n, 16)`` uint8 rows, stacked as ``(members, n, 16)``."""
 DIGEST_BYTES = 16

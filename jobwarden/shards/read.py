@@ -17,7 +17,7 @@ import numpy as np
 
 from jobwarden.checkpoint import format
 from jobwarden.checkpoint.errors import ChecksumMismatch
-from jobwarden.shards.record import RECORD, CommitRecord
+from jobwarden.checkpoint.shardrecord import RECORD, CommitRecord
 
 
 def is_record(path: Path) -> bool:

@@ -29,11 +29,17 @@ from jobwarden.checkpoint.errors import (
     RuntimeMismatch,
 )
 from jobwarden.checkpoint.manifest import LeafSpec
+from jobwarden.checkpoint.shardrecord import (
+    CommitRecord,
+    describe,
+    piece_path,
+    record_name,
+    same_layout,
+)
 from jobwarden.checkpoint.store import CheckpointStore, Skipped
 from jobwarden.checkpoint.validate import Expected, check_manifest
 from jobwarden.shards.commit import Group
 from jobwarden.shards.hash import box_of
-from jobwarden.shards.record import CommitRecord, describe, piece_path, record_name, same_layout
 
 Broadcast = Callable[[np.ndarray], np.ndarray]
 """Member 0's int32 values in every member (a collective)."""

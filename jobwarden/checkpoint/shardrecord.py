@@ -23,7 +23,12 @@ import xxhash
 from jobwarden.checkpoint.errors import ChecksumMismatch, UnreadableCheckpoint
 from jobwarden.checkpoint.manifest import Manifest
 from jobwarden.decoding import loads_json
-from jobwarden.shards.hash import Box, Layout
+
+Box = tuple[tuple[int, int], ...]
+"""A box of a leaf laid out over several members: (start, stop) on each axis, in global
+indices (`jobwarden.shards.hash`)."""
+Layout = Mapping[str, tuple[tuple[Box, int], ...]]
+"""Each laid-out leaf's boxes in canonical order, each with the process that owns it."""
 
 RECORD = re.compile(r"ckpt-(\d{10})\.commit\.json")
 SHARD = re.compile(r"ckpt-(\d{10})\.shard-(\d+)-of-(\d+)\.safetensors")
