@@ -285,3 +285,13 @@ def test_inspect_lists_shards_per_member_and_the_whole_values_hash_as_committed(
     ]
     digest, _ = layout_state_hash(leaves, 6, record.layout)
     assert digest == record.manifest.state_hash == shown["state_hash"]
+
+
+def test_resume_never_refuses_a_directory_of_sharded_steps(six: Path, tmp_path: Path) -> None:
+    """``resume = "never"`` on a directory holding sharded steps: refused, nothing written."""
+    before = sorted(p.name for p in six.iterdir())
+    results = run_members(tmp_path, six, 8, faults='resume = "never"\n')
+    status, events = results[0]
+    assert (status, one(events, "failed")["code"]) == (12, "resume.policy")
+    assert "already holds 3 sharded step(s)" in one(events, "failed")["message"]
+    assert before == sorted(p.name for p in six.iterdir())

@@ -127,19 +127,13 @@ class Run(Session):
         def expected(leaves: Leaves, generation: int) -> Expected:
             return self.identity.expected(leaf_specs(leaves), self.runtime, run.steps, generation)
 
-        place = Place(
-            directory, self.member, self._store, self._lock, self.emitter, run.keep_checkpoints
-        )
+        owned = (self._store, self._lock, self.emitter)  # member 0's
+        place = Place(directory, self.member, *owned, run.keep_checkpoints, run.resume)
         opened = open_sharded(init_state, self._leaves, expected, place)
-        self._state_hash, self._sharded, self._expected = (
-            opened.hasher,
-            opened.committer,
-            opened.expected,
-        )
+        self._state_hash, self._sharded = opened.hasher, opened.committer
+        self._expected = opened.expected
         self._quarantined = [s.as_record() for s in opened.restored.skipped]
         if opened.state is None:
-            if run.resume == "require":
-                raise ResumePolicyError(f"resume = 'require' but {directory} holds no sharded step")
             self._started_at(0, restored=False)
             return init_state
         if self.member.writes:

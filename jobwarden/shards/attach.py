@@ -19,6 +19,7 @@ from jobwarden.checkpoint.errors import ChecksumMismatch, WriterFenced
 from jobwarden.checkpoint.lock import WriterLock, read_generation
 from jobwarden.checkpoint.store import CheckpointStore
 from jobwarden.checkpoint.validate import Expected
+from jobwarden.errors import ResumePolicyError
 from jobwarden.events import Emitter
 from jobwarden.hashing import Leaves
 from jobwarden.shards.commit import ShardCommitter, make_group
@@ -60,6 +61,9 @@ class Place:
     lock: WriterLock | None
     emitter: Emitter
     keep: int
+    resume: str = "auto"
+    """``[run] resume``: ``never`` refuses a directory of sharded steps, ``require`` one
+    without"""
 
 
 @dataclass(frozen=True)
@@ -152,8 +156,19 @@ def open_sharded(
     restore = ShardRestore(
         group, expected, group.piece_specs(leaves), member.broadcast, place.store
     )
+    if place.resume == "never" and member.writes and files.steps():
+        raise ResumePolicyError(
+            f"resume = 'never' but {place.directory} already holds "
+            f"{len(files.steps())} sharded step(s)",
+            directory=str(place.directory),
+        )
     restored = restore.select()
     if restored.record is None or restored.pieces is None:
+        if place.resume == "require":
+            raise ResumePolicyError(
+                f"resume = 'require' but {place.directory} holds no sharded step",
+                directory=str(place.directory),
+            )
         return Opened(hasher, committer, expected, restored)
     raw = list(zip(state_tree.leaf_paths(init_state), jax.tree.leaves(init_state), strict=True))
     state = state_tree.unflatten_like(init_state, assemble(raw, group, restored.pieces))
