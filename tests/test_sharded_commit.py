@@ -16,6 +16,8 @@ import pytest
 
 from jobwarden.checkpoint.manifest import NUMPY_DTYPES
 from jobwarden.checkpoint.shardrecord import CommitRecord
+from jobwarden.checkpoint.store import directory_verdicts
+from jobwarden.jobfile import job_from_mapping
 from jobwarden.shards.hash import layout_state_hash
 from jobwarden.testfaults import ENV, Fault
 from tests.test_sharded_hash import free_port
@@ -295,3 +297,21 @@ def test_resume_never_refuses_a_directory_of_sharded_steps(six: Path, tmp_path: 
     assert (status, one(events, "failed")["code"]) == (12, "resume.policy")
     assert "already holds 3 sharded step(s)" in one(events, "failed")["message"]
     assert before == sorted(p.name for p in six.iterdir())
+
+
+def test_checkpoints_listing_marks_shards_without_a_record_never_selected(six: Path) -> None:
+    """With step 6's record gone, its shard files are listed as never selected; 4's are not."""
+    (six / "ckpt-0000000006.commit.json").unlink()
+    job = job_from_mapping(
+        {
+            "id": "sharded",
+            "task": "sharded_mlp",
+            "train": {"seed": 1, "width": 32, "batch_size": 32},
+            "run": {"steps": 6, "processes": 2},
+        }
+    )
+    rows = {Path(r["file"]).name: r for r in directory_verdicts(six, job)}
+    six_shard = rows["ckpt-0000000006.shard-1-of-2.safetensors"]
+    assert (six_shard["verdict"]["ok"], six_shard["where"]) == (False, "without its commit record")
+    assert "never selected" in six_shard["verdict"]["message"]
+    assert rows["ckpt-0000000004.shard-1-of-2.safetensors"]["verdict"]["ok"]

@@ -33,7 +33,7 @@ from jobwarden.checkpoint.errors import (
     RuntimeMismatch,
 )
 from jobwarden.checkpoint.lock import WriterLock, open_directory, read_generation
-from jobwarden.checkpoint.shardrecord import RECORD, CommitRecord, describe
+from jobwarden.checkpoint.shardrecord import RECORD, SHARD, CommitRecord, describe
 from jobwarden.checkpoint.validate import (
     Expected,
     check_config,
@@ -299,13 +299,17 @@ def directory_verdicts(
     quarantine = directory / QUARANTINE
     if quarantine.is_dir():
         paths += [p for p in sorted(quarantine.iterdir()) if not p.name.endswith(".json")]
+    recorded = {m.group(1) for p in directory.iterdir() if (m := RECORD.fullmatch(p.name))}
     rows = []
     for path in paths:
+        shard = SHARD.fullmatch(path.name)
         place = (
             "quarantined"
             if path.parent == quarantine
             else "pending"
             if path.name.endswith(files.PENDING_SUFFIX)
+            else "without its commit record"
+            if shard and shard.group(1) not in recorded
             else "committed"
         )
         rows.append(_verdict_row(path, place, job, generation, signing_key))
