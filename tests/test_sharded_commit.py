@@ -315,3 +315,16 @@ def test_checkpoints_listing_marks_shards_without_a_record_never_selected(six: P
     assert (six_shard["verdict"]["ok"], six_shard["where"]) == (False, "without its commit record")
     assert "never selected" in six_shard["verdict"]["message"]
     assert rows["ckpt-0000000004.shard-1-of-2.safetensors"]["verdict"]["ok"]
+
+
+def test_two_devices_per_member_is_refused_naming_both_layouts(six: Path, tmp_path: Path) -> None:
+    """The same 2 members with 2 devices each (``JAX_NUM_CPU_DEVICES=2``) on steps written
+    with 1 each: refused as incompatible, naming both layouts, and nothing written."""
+    before = sorted(p.name for p in six.iterdir())
+    environ = {i: {"JAX_NUM_CPU_DEVICES": "2"} for i in range(2)}
+    status, events = run_members(tmp_path, six, 8, environ=environ)[0]
+    failed = one(events, "failed")
+    assert (status, failed["code"]) == (27, "checkpoint.runtime")
+    assert "saved 2 member(s) with [1, 1] device(s)" in failed["message"]
+    assert "running 2 member(s) with [2, 2] device(s)" in failed["message"]
+    assert before == sorted(p.name for p in six.iterdir())

@@ -3,7 +3,7 @@ device of every member of a multi-process job.
 
 The mesh is one axis, ``devices``, of ``jax.devices()`` in order: every device of every
 member (one CPU device per member by default; a member that exposes more, with
-``--xla_force_host_platform_device_count``, adds them to the mesh).  Each weight matrix,
+``JAX_NUM_CPU_DEVICES``, adds them to the mesh).  Each weight matrix,
 bias and their Adam ``mu`` and ``nu`` are split over the mesh on their last axis when its
 extent divides by the number of devices, else on their first, else kept replicated; Adam's
 count and the key are replicated.  No member holds a split leaf whole.  Each batch is
