@@ -13,6 +13,8 @@ gradients are reduced across members), so member 0 alone holds the writer
 lock, restores and commits; `Membership.share_start` gives every member
 member 0's start state bit for bit, and `Membership.agree` checks before each
 commit that every member holds exactly the state being written (docs/multiprocess.md).
+A state laid out over the members (sharded) is committed and restored by every member
+instead (`jobwarden.shards`), through `Membership.allgather` and `Membership.broadcast`.
 """
 
 from __future__ import annotations
