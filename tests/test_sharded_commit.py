@@ -328,3 +328,34 @@ def test_two_devices_per_member_is_refused_naming_both_layouts(six: Path, tmp_pa
     assert "saved 2 member(s) with [1, 1] device(s)" in failed["message"]
     assert "running 2 member(s) with [2, 2] device(s)" in failed["message"]
     assert before == sorted(p.name for p in six.iterdir())
+
+
+def test_a_program_with_its_own_checkpoints_reports_the_same_combined_hashes(
+    tmp_path: Path, reference: dict[int, str]
+) -> None:
+    """A program keeping its own checkpoints, with the same laid-out state, reports in both
+    members the combined hash the built-in task's members report, update by update."""
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "sharded_program.py"), "8"],
+            cwd=tmp_path,
+            env={
+                **os.environ,
+                "PYTHONPATH": str(ROOT),
+                "XLA_FLAGS": PINNED,
+                "JOBWARDEN_PROCESS_ID": str(index),
+                "JOBWARDEN_PROCESSES": "2",
+                "JOBWARDEN_COORDINATOR": f"127.0.0.1:{port}",
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index in range(2)
+    ]
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-2000:]
+        events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        assert hashes(events) == reference

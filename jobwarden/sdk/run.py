@@ -27,7 +27,7 @@ from jobwarden.sdk.leaves import UsageError, same_tree
 from jobwarden.sdk.session import Session
 from jobwarden.shards.attach import Place, open_sharded
 from jobwarden.shards.commit import ShardCommitter
-from jobwarden.shards.hash import layout_of
+from jobwarden.shards.hash import ShardedStateHasher, layout_of
 from jobwarden.testfaults import Fault
 
 
@@ -133,13 +133,17 @@ class Run(Session):
         self._state_hash, self._sharded = opened.hasher, opened.committer
         self._expected = opened.expected
         self._quarantined = [s.as_record() for s in opened.restored.skipped]
-        if opened.state is None:
-            self._started_at(0, restored=False)
-            return init_state
-        if self.member.writes:
+        if opened.state is not None and self.member.writes:
             self.emit("restored", **opened.event(self._quarantined))
-        self._started_at(opened.restored.step, restored=True)
-        return opened.state
+        self._started_at(opened.restored.step, restored=opened.state is not None)
+        return init_state if opened.state is None else opened.state
+
+    def _hash_by_boxes(self, state: Any) -> None:
+        """Hash a state laid out over the members by its boxes from now on (even external)."""
+        if isinstance(self._state_hash, ShardedStateHasher) or not self.member.group:
+            return
+        if layout := layout_of(self._leaves(state)):
+            self._state_hash = ShardedStateHasher(self.member.allgather, layout, self.member.index)
 
     def _share_start(self, step: int, state: Any, init_state: Any) -> Any:
         """Member 0's start (step and state) in every member of a multi-process job, exact."""
@@ -171,6 +175,7 @@ class Run(Session):
                 total,
                 message=f"restored step {step} is outside 0..{total} (the requested steps)",
             )
+        self._hash_by_boxes(state)
         digest, components = self._state_hash(self._leaves(state), step)
         self.emit(
             "restored",
@@ -197,6 +202,7 @@ class Run(Session):
         step must be reported with `progress` before the next one is asked for.
         """
         self._hand_off()
+        self._hash_by_boxes(state)
         self._begin(state)
         total = self.settings.run.steps
         while self._step < total:
@@ -246,7 +252,7 @@ class Run(Session):
         due = (self._store is not None or self._sharded is not None) and on_cadence
         agree = self.member.group and on_cadence  # every member proves the committed state
         now = due or agree or step == run.steps  # the hash is needed before this returns
-        if self._sharded is not None:  # its hash is a collective: in every member, here
+        if isinstance(self._state_hash, ShardedStateHasher):  # a collective: every member, here
             now = now or step % run.hash_every == 0
         later = not now and step % run.hash_every == 0
         fields: dict[str, Any] = {"state_hash": None}
