@@ -124,3 +124,13 @@ def unflatten_like(template: State, arrays: Mapping[str, np.ndarray]) -> State:
     named = _with_paths(template)
     _, treedef = jax.tree_util.tree_flatten(template)
     return jax.tree_util.tree_unflatten(treedef, [_like(leaf, arrays[p]) for p, leaf in named])
+
+
+def zero_opt_state(state: Any) -> Any:
+    """The test-only weights-only restore: the ``opt_state`` component zeroed."""
+    import jax
+    import jax.numpy as jnp
+
+    if not isinstance(state, dict) or "opt_state" not in state:
+        return state
+    return {**state, "opt_state": jax.tree_util.tree_map(jnp.zeros_like, state["opt_state"])}

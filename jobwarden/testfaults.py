@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import os
+import signal
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -32,6 +33,19 @@ class Fault(enum.StrEnum):
     PAUSE_AFTER_LAUNCH = "pause_after_launch"
     """wardend: block right after a worker is started and before its pid is saved, so a
     test can SIGKILL the daemon at that instant (logged first as ``testfault.paused``)."""
+    CRASH_AFTER_SHARD = "crash_after_shard"
+    """worker, sharded commit of step `SHARD_FAULT_STEP`: SIGKILL itself once its shard file
+    is durable, before the members' reports are gathered."""
+    CRASH_BEFORE_RECORD = "crash_before_record"
+    """worker (member 0), sharded commit of step `SHARD_FAULT_STEP`: SIGKILL itself once the
+    commit record's pending file is durable, before its rename."""
+    CRASH_AFTER_RECORD = "crash_after_record"
+    """worker (member 0), sharded commit of step `SHARD_FAULT_STEP`: SIGKILL itself right
+    after the commit record's rename, before retention and the ``checkpoint`` event."""
+
+
+SHARD_FAULT_STEP = 4
+"""The step whose sharded commit the ``crash_*shard*``/``*record`` faults kill."""
 
 
 def active(fault: Fault, environ: Mapping[str, str] | None = None) -> bool:
@@ -44,6 +58,12 @@ def pause_if(fault: Fault, **where: Any) -> None:
     if active(fault):
         structlog.get_logger("wardend.testfaults").warning("testfault.paused", fault=fault, **where)
         time.sleep(PAUSE_S)
+
+
+def crash_if(fault: Fault, step: int) -> None:
+    """When ``fault`` is on and ``step`` is `SHARD_FAULT_STEP`: SIGKILL this process."""
+    if step == SHARD_FAULT_STEP and active(fault):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def environment(fault: Fault) -> dict[str, str]:

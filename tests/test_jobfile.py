@@ -86,7 +86,7 @@ fail_afterr = 3
 def test_unknown_task_names_the_known_ones(tmp_path: Path) -> None:
     """An unknown task is one problem that lists the registered tasks."""
     found = problems_of(tmp_path / "t.toml", 'id = "x"\ntask = "resnet"\n')
-    assert found == ["task: unknown task 'resnet' (known: dp_mlp, linreg, mlp)"]
+    assert found == ["task: unknown task 'resnet' (known: dp_mlp, linreg, mlp, sharded_mlp)"]
 
 
 @pytest.mark.parametrize("name", ["../up", "a/b", "..", ".", "x" * 65, ""])

@@ -101,6 +101,7 @@ ROOMS: dict[str, str] = {
     "jobwarden.jobfolder": "job",
     "jobwarden.statetree": "statetree",
     "jobwarden.checkpoint": "checkpoint",
+    "jobwarden.shards": "shards",
     "jobwarden.proof": "proof",
     "jobwarden.sdk": "sdk",
     "jobwarden.worker": "worker",
@@ -157,14 +158,16 @@ ALLOWED: dict[str, frozenset[str]] = {
     "job": rooms(),
     "checkpoint": rooms("job"),
     "statetree": rooms("runtime", "checkpoint"),
-    "proof": rooms("job", "checkpoint"),
+    # shards/: a state laid out over the members, hashed, committed and restored by its boxes
+    "shards": rooms("job", "statetree", "checkpoint"),
+    "proof": rooms("job", "checkpoint", "shards"),
     # sdk/ and worker/: runtime, checkpoint, proof; never daemon/ or control/
-    "sdk": rooms("runtime", "job", "statetree", "checkpoint", "proof"),
+    "sdk": rooms("runtime", "job", "statetree", "checkpoint", "shards", "proof"),
     "worker": rooms("runtime", "job", "statetree", "checkpoint", "proof", "sdk"),
     # control/: protocol and proof (the drills also build job and run files); never daemon/;
     # cli.py starts the dashboard (imported only when that command runs)
     "control": rooms(
-        "runtime", "protocol", "job", "checkpoint", "proof", "sdk", "worker", "dashboard"
+        "runtime", "protocol", "job", "checkpoint", "shards", "proof", "sdk", "worker", "dashboard"
     ),
     # dashboard/: reads the daemon through control's client alone; never daemon/
     "dashboard": rooms("protocol", "job", "control"),

@@ -30,8 +30,10 @@ from jobwarden.checkpoint.errors import (
     CorruptCheckpoint,
     IncompatibleCheckpoint,
     NoUsableCheckpoint,
+    RuntimeMismatch,
 )
 from jobwarden.checkpoint.lock import WriterLock, open_directory, read_generation
+from jobwarden.checkpoint.shardrecord import RECORD, SHARD, CommitRecord, describe
 from jobwarden.checkpoint.validate import (
     Expected,
     check_config,
@@ -214,6 +216,8 @@ class CheckpointStore:
             }
             target = self.quarantine(path, reason)
             skipped.append(Skipped(path.name, reason["code"], reason["message"], str(target)))
+        if not self.committed():
+            self._refuse_sharded()
         for step, path in reversed(self.committed()):
             try:
                 checkpoint = self._read(path, expected, step)
@@ -231,6 +235,30 @@ class CheckpointStore:
                 skipped=[s.as_record() for s in skipped],
             )
         return Selection(None, (), tuple(skipped))
+
+    def _refuse_sharded(self) -> None:
+        """A directory of sharded steps is another layout than a state with no leaf laid out
+        over the members: refused as incompatible, naming both, never started over."""
+        records = sorted(n.name for n in self._names() if RECORD.fullmatch(n.name))
+        if not records:
+            return
+        path = self.directory / records[-1]
+        with self._opened() as handle:
+            try:
+                record = CommitRecord.from_bytes(
+                    str(path), handle.read_small(records[-1], 64 << 20)
+                )
+                saved = describe(record.devices, record.layout)
+            except CorruptCheckpoint:
+                saved = "a sharded step (its record is damaged)"
+        running = "a state with no leaf laid out over the members"
+        raise RuntimeMismatch(
+            str(path),
+            "layout",
+            saved,
+            running,
+            message=f"layout differs: saved {saved}, running {running}",
+        )
 
     def _read(self, path: Path, expected: Expected, step: int) -> format.Checkpoint:
         """Read ``path`` for a restore, allocating only what the expected tree needs.
@@ -271,13 +299,17 @@ def directory_verdicts(
     quarantine = directory / QUARANTINE
     if quarantine.is_dir():
         paths += [p for p in sorted(quarantine.iterdir()) if not p.name.endswith(".json")]
+    recorded = {m.group(1) for p in directory.iterdir() if (m := RECORD.fullmatch(p.name))}
     rows = []
     for path in paths:
+        shard = SHARD.fullmatch(path.name)
         place = (
             "quarantined"
             if path.parent == quarantine
             else "pending"
             if path.name.endswith(files.PENDING_SUFFIX)
+            else "without its commit record"
+            if shard and shard.group(1) not in recorded
             else "committed"
         )
         rows.append(_verdict_row(path, place, job, generation, signing_key))

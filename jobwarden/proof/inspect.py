@@ -12,12 +12,16 @@ from typing import Any
 
 from jobwarden.checkpoint import format
 from jobwarden.checkpoint.errors import CheckpointError
+from jobwarden.proof.shardview import describe_step, render_step
+from jobwarden.shards.read import is_record
 
 VALUES_LIMIT = 4096
 
 
 def describe(path: Path, values: bool = False) -> dict[str, Any]:
-    """Everything `inspect` reports about ``path``, JSON-ready."""
+    """Everything `inspect` reports about ``path``, JSON-ready (a sharded step by its record)."""
+    if is_record(path):
+        return describe_step(path, values)
     record: dict[str, Any] = {"file": str(path)}
     checkpoint: format.Checkpoint | None = None
     try:
@@ -78,6 +82,8 @@ def describe(path: Path, values: bool = False) -> dict[str, Any]:
 
 def render(record: dict[str, Any]) -> str:
     """The description as text for a terminal."""
+    if record.get("sharded"):
+        return render_step(record)
     verdict = record["verdict"]
     lines = [
         f"file: {record['file']}",

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from jobwarden.checkpoint import format
 from jobwarden.checkpoint.errors import CheckpointError
 from jobwarden.events import Event, read_events
 from jobwarden.proof.labels import label_offset, offset_text
+from jobwarden.shards.read import checkpoint_arrays
 
 
 class VerifyInputError(Exception):
@@ -163,10 +163,10 @@ def differing_components(a: Event, b: Event) -> list[str]:
 
 def differing_leaves(a: Path, b: Path) -> list[dict[str, Any]]:
     """Leaf-by-leaf comparison of two checkpoint files: each leaf that differs."""
-    left, right = format.read(a), format.read(b)
+    left, right = checkpoint_arrays(a), checkpoint_arrays(b)
     found = []
-    for path in sorted(set(left.arrays) | set(right.arrays)):
-        x, y = left.arrays.get(path), right.arrays.get(path)
+    for path in sorted(set(left) | set(right)):
+        x, y = left.get(path), right.get(path)
         if x is None or y is None or x.shape != y.shape or x.dtype != y.dtype:
             found.append({"leaf": path, "difference": "missing or shape/dtype differs"})
         elif x.tobytes() != y.tobytes():

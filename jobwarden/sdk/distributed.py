@@ -13,6 +13,8 @@ gradients are reduced across members), so member 0 alone holds the writer
 lock, restores and commits; `Membership.share_start` gives every member
 member 0's start state bit for bit, and `Membership.agree` checks before each
 commit that every member holds exactly the state being written (docs/multiprocess.md).
+A state laid out over the members (sharded) is committed and restored by every member
+instead (`jobwarden.shards`), through `Membership.allgather` and `Membership.broadcast`.
 """
 
 from __future__ import annotations
@@ -174,6 +176,23 @@ class Membership:
                     coordinator=address,
                 ) from error
             raise
+
+    def allgather(self, rows: np.ndarray) -> np.ndarray:
+        """Every member's ``rows``, stacked in member order (a collective: all call it)."""
+        if not self.group:
+            return rows[None]
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(rows))
+
+    def broadcast(self, values: np.ndarray) -> np.ndarray:
+        """Member 0's int32 ``values`` in every member (a collective)."""
+        if not self.group:
+            return values
+        from jax.experimental import multihost_utils
+
+        sent = multihost_utils.broadcast_one_to_all(values, is_source=self.writes)
+        return np.asarray(sent)
 
     def share_start(self, step: int, leaves: list[np.ndarray]) -> tuple[int, list[np.ndarray]]:
         """Member 0's ``(step, leaves)`` in every member, bit for bit (the others pass their

@@ -12,7 +12,7 @@ treedef, which fixes every key of the path) and the kind of leaf per dtype.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -64,6 +64,12 @@ class Flattener:
         kind = self._kinds.get(leaf.dtype)
         if kind is None:
             kind = self._kinds[leaf.dtype] = self._kind_of(leaf)
+        if kind == "array" and not leaf.is_fully_addressable:
+            if leaf.is_fully_replicated:  # every member holds it whole
+                return np.asarray(leaf.addressable_data(0))
+            # Laid out over the members: no process may gather it; it is hashed, written and
+            # restored by its boxes (`jobwarden.shards`).
+            return cast(np.ndarray, leaf)
         if kind == "array":
             return np.asarray(leaf)
         if kind == "key":

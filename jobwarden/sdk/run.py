@@ -20,15 +20,22 @@ from jobwarden import statetree as state_tree
 from jobwarden import testfaults
 from jobwarden.checkpoint.errors import StepOutOfRange
 from jobwarden.checkpoint.format import Manifest, Provenance, leaf_specs
+from jobwarden.checkpoint.validate import Expected
 from jobwarden.errors import PreemptedExit, ResumePolicyError
 from jobwarden.hashing import Leaves
 from jobwarden.sdk.leaves import UsageError, same_tree
 from jobwarden.sdk.session import Session
+from jobwarden.shards.attach import Place, open_sharded
+from jobwarden.shards.commit import ShardCommitter
+from jobwarden.shards.hash import ShardedStateHasher, layout_of
 from jobwarden.testfaults import Fault
 
 
 class Run(Session):
     """One attempt of a program's training run; use it as a context manager."""
+
+    _sharded: ShardCommitter | None = None
+    """Set by `restore` in every member when the state is laid out over the members."""
 
     # -- restoring ---------------------------------------------------------------------------
 
@@ -56,6 +63,8 @@ class Run(Session):
 
     def _restore(self, init_state: Any) -> Any:
         store = self._store
+        if self.member.group and layout_of(self._leaves(init_state)):
+            return self._restore_sharded(init_state)
         if store is None and self.member.group and not self.member.writes:
             self._before_start("run.restore()")
             return self._share_start(0, init_state, init_state)
@@ -91,7 +100,7 @@ class Run(Session):
             return self._share_start(0, init_state, init_state)
         state = state_tree.unflatten_like(init_state, restored.arrays)
         if testfaults.active(Fault.ZERO_OPT_STATE_ON_RESTORE):
-            state = _zero_opt_state(state)
+            state = state_tree.zero_opt_state(state)
         manifest = restored.manifest
         self.emit(
             "restored",
@@ -106,6 +115,35 @@ class Run(Session):
         )
         self._started_at(manifest.step, restored=True)
         return self._share_start(manifest.step, state, init_state)
+
+    def _restore_sharded(self, init_state: Any) -> Any:
+        """Every member restores its own shards of the newest complete step (`jobwarden.shards`)."""
+        self._before_start("run.restore()")
+        directory, run = self.settings.checkpoint_dir, self.settings.run
+        if directory is None or self.request.checkpoints == "external":
+            raise UsageError("a state laid out over the members needs jobwarden's checkpoints")
+        self._key_impl = self._key_impl or state_tree.key_impl_of(init_state)
+
+        def expected(leaves: Leaves, generation: int) -> Expected:
+            return self.identity.expected(leaf_specs(leaves), self.runtime, run.steps, generation)
+
+        owned = (self._store, self._lock, self.emitter)  # member 0's
+        place = Place(directory, self.member, *owned, run.keep_checkpoints, run.resume)
+        opened = open_sharded(init_state, self._leaves, expected, place)
+        self._state_hash, self._sharded = opened.hasher, opened.committer
+        self._expected = opened.expected
+        self._quarantined = [s.as_record() for s in opened.restored.skipped]
+        if opened.state is not None and self.member.writes:
+            self.emit("restored", **opened.event(self._quarantined))
+        self._started_at(opened.restored.step, restored=opened.state is not None)
+        return init_state if opened.state is None else opened.state
+
+    def _hash_by_boxes(self, state: Any) -> None:
+        """Hash a state laid out over the members by its boxes from now on (even external)."""
+        if isinstance(self._state_hash, ShardedStateHasher) or not self.member.group:
+            return
+        if layout := layout_of(self._leaves(state)):
+            self._state_hash = ShardedStateHasher(self.member.allgather, layout, self.member.index)
 
     def _share_start(self, step: int, state: Any, init_state: Any) -> Any:
         """Member 0's start (step and state) in every member of a multi-process job, exact."""
@@ -137,6 +175,7 @@ class Run(Session):
                 total,
                 message=f"restored step {step} is outside 0..{total} (the requested steps)",
             )
+        self._hash_by_boxes(state)
         digest, components = self._state_hash(self._leaves(state), step)
         self.emit(
             "restored",
@@ -163,6 +202,7 @@ class Run(Session):
         step must be reported with `progress` before the next one is asked for.
         """
         self._hand_off()
+        self._hash_by_boxes(state)
         self._begin(state)
         total = self.settings.run.steps
         while self._step < total:
@@ -209,9 +249,11 @@ class Run(Session):
         self._pending, self._state, self._step = None, state, step
         run = self.settings.run
         on_cadence = step % run.checkpoint_every == 0 or step == run.steps
-        due = self._store is not None and on_cadence
+        due = (self._store is not None or self._sharded is not None) and on_cadence
         agree = self.member.group and on_cadence  # every member proves the committed state
         now = due or agree or step == run.steps  # the hash is needed before this returns
+        if isinstance(self._state_hash, ShardedStateHasher):  # a collective: every member, here
+            now = now or step % run.hash_every == 0
         later = not now and step % run.hash_every == 0
         fields: dict[str, Any] = {"state_hash": None}
         leaves: Leaves | None = None
@@ -276,7 +318,13 @@ class Run(Session):
         self.emitter.drain()  # the hashes still being computed are written, and then it is seen
         gone = self.emitter.broken
         self._settle()  # the commit in flight is durable before the last one is made
-        if self._store is not None and self._step > 0 and self._committed != self._step:
+        sharded = self._sharded is not None  # a commit is a collective the others may not join
+        if (
+            self._store is not None
+            and self._step > 0
+            and self._committed != self._step
+            and not sharded
+        ):
             self._commit(self._step, None, report=not gone, now=True)
         if gone:
             self.stderr(f"jobwarden: stdout is gone; committed step {self._step} and exiting\n")
@@ -293,12 +341,13 @@ class Run(Session):
         else:
             digest, components = self._state_hash(self._leaves(self._state), step)
         committed = self._store.committed() if self._store is not None else []
+        last = self._sharded.last_record if self._sharded is not None else None
         self.emit(
             "completed",
             step=step,
             state_hash=digest,
             components=components,
-            file=str(committed[-1][1]) if committed else "",
+            file=str(last or (committed[-1][1] if committed else "")),
         )
         self.completed = True
 
@@ -307,7 +356,7 @@ class Run(Session):
     ) -> None:
         """Commit the state at ``step`` (`jobwarden.sdk.commits`); ``now``: durable on return."""
         store, expected = self._store, self._expected
-        if store is None or expected is None:
+        if (store is None and self._sharded is None) or expected is None:
             raise UsageError("run.restore(init_state) must come before the first update")
         if leaves is None:
             leaves = self._leaves(self._state)
@@ -335,6 +384,12 @@ class Run(Session):
             components=components,
             created=time.time(),
         )
+        if self._sharded is not None:  # every member its own shards, member 0 the record
+            self._sharded.commit(
+                step, manifest, leaves, self.faults.commit_hook(step), report=report
+            )
+            self._committed = step
+            return
         committer = self._committer
         if committer is None:
             raise UsageError("run.restore(init_state) must come before the first update")
@@ -342,13 +397,3 @@ class Run(Session):
         committer.commit(step, manifest, leaves, hook, report=report, now=now)
         if now or committer.background is None:
             self._committed = step
-
-
-def _zero_opt_state(state: Any) -> Any:
-    """The test-only weights-only restore: the ``opt_state`` component zeroed."""
-    import jax
-    import jax.numpy as jnp
-
-    if not isinstance(state, dict) or "opt_state" not in state:
-        return state
-    return {**state, "opt_state": jax.tree_util.tree_map(jnp.zeros_like, state["opt_state"])}

@@ -8,8 +8,14 @@ from jobwarden.tasks.base import Task, TrainFields
 from jobwarden.tasks.dp_mlp import DPMLP
 from jobwarden.tasks.linreg import LinReg
 from jobwarden.tasks.mlp import MLP
+from jobwarden.tasks.sharded_mlp import ShardedMLP
 
-BUILTIN: dict[str, type[Task]] = {LinReg.name: LinReg, MLP.name: MLP, DPMLP.name: DPMLP}
+BUILTIN: dict[str, type[Task]] = {
+    LinReg.name: LinReg,
+    MLP.name: MLP,
+    DPMLP.name: DPMLP,
+    ShardedMLP.name: ShardedMLP,
+}
 
 __all__ = ["BUILTIN", "Task", "TrainFields", "broken_tasks", "known_tasks", "task_class"]
 

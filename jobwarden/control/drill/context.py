@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobwarden.checkpoint import format
 from jobwarden.checkpoint.errors import CheckpointError
 from jobwarden.control.drill.daemon import SETTLED_STATES, DaemonHandle
 from jobwarden.control.drill.jobs import DrillJob, DrillJobError
@@ -19,6 +18,7 @@ from jobwarden.control.drill.verdict import Check
 from jobwarden.events import Event, read_events
 from jobwarden.jobfolder import EVENTS_FILE, attempt_folder
 from jobwarden.proof import verify
+from jobwarden.shards.read import checkpoint_arrays
 
 
 @dataclass(frozen=True)
@@ -325,9 +325,9 @@ def arrays_equal(a: Path | None, b: Path | None) -> bool:
     if a is None or b is None:
         return False
     try:
-        left, right = format.read(a), format.read(b)
+        left, right = checkpoint_arrays(a), checkpoint_arrays(b)
     except CheckpointError:
         return False
-    return left.arrays.keys() == right.arrays.keys() and all(
-        left.arrays[k].tobytes() == right.arrays[k].tobytes() for k in left.arrays
+    return left.keys() == right.keys() and all(
+        left[k].tobytes() == right[k].tobytes() for k in left
     )

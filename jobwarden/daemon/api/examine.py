@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jobwarden.checkpoint.shardrecord import RECORD, record_name
 from jobwarden.checkpoint.store import NAME, file_name
 from jobwarden.daemon.api.arguments import int_arg, job_record
 from jobwarden.daemon.background import off_loop
@@ -24,13 +25,15 @@ if TYPE_CHECKING:
 def checkpoint_file(directory: Path, step: int | None) -> Path:
     """The committed checkpoint at ``step``, or the newest; raises control.no_such_checkpoint."""
     if step is not None:
-        path = directory / file_name(step)
-        if path.is_file():
-            return path
+        for path in (directory / file_name(step), directory / record_name(step)):
+            if path.is_file():
+                return path
         raise ControlError(
             "control.no_such_checkpoint", f"no checkpoint of step {step} in {directory}"
         )
-    committed = sorted(p for p in directory.glob("ckpt-*.safetensors") if NAME.fullmatch(p.name))
+    committed = sorted(
+        p for p in directory.glob("ckpt-*") if NAME.fullmatch(p.name) or RECORD.fullmatch(p.name)
+    )
     if not committed:
         raise ControlError("control.no_such_checkpoint", f"no committed checkpoint in {directory}")
     return committed[-1]
