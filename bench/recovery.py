@@ -73,23 +73,20 @@ from daemon import (
     job_text,
     median,
     private_dir,
-    read_events,
     running,
     stamp,
     table,
 )
-from daemon_records import first_time
 from figures import Figure, at_most, context, records
 from recovery_groups import FLAGS as DP_FLAGS
+from recovery_groups import KILL_AT, kill_member_1, sample_dp, settled
 from recovery_groups import NAMES as DP_NAMES
 from recovery_groups import TARGETS_S as DP_TARGETS_S
-from recovery_groups import sample_dp
 from recovery_supervisord import FLAGS as SV_FLAGS
 from recovery_supervisord import NAMES as SV_NAMES
 from recovery_supervisord import sample_supervisord
 
 RESULTS = Path(__file__).resolve().parent / "results" / "recovery.json"
-KILL_AT = 40
 TARGET_S = 0.3
 JOB = {"run": {"steps": 400}, "faults": {"step_delay_s": 0.05}}
 DIGITS = Path(__file__).resolve().parent.parent / "examples" / "digits"
@@ -158,37 +155,13 @@ def idle_cost(daemon: Wardend, job: str, pid: int) -> Record:
     return {"idle_rss_mb": spare.get("rss_mb"), "idle_cpu_percent": 100 * used / IDLE_WINDOW_S}
 
 
-def member_events(daemon: Wardend, job: str, attempt: int) -> list[list[Record]]:
-    """Each member's events of ``attempt`` (events.jsonl, events.1.jsonl)."""
-    folder = daemon.attempt_folder(job, attempt)
-    return [read_events(folder / name) for name in ("events.jsonl", "events.1.jsonl")]
-
-
 def sample_pair(daemon: Wardend, job: str, variant: str) -> Record:
     """One 2-process digits job: member 1 killed after `KILL_AT`, every member's recovery."""
     daemon.drop(f"{job}.toml", digits_text(job, processes=2))
     if variant == "pair-spare":
         for _ in range(2):
             wait_program_spare(daemon, job, count=2)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        events = member_events(daemon, job, 1)
-        if all(
-            any(e.get("step", 0) >= KILL_AT for e in m if e.get("event") == "progress")
-            for m in events
-        ):
-            break
-        time.sleep(0.002)
-    pid = next(e["pid"] for e in member_events(daemon, job, 1)[1] if e.get("event") == "started")
-    os.kill(pid, signal.SIGKILL)
-    killed = time.time()
-    firsts: list[float] = []
-    joined: list[float] = []
-    while time.monotonic() < deadline and len(firsts) < 2:
-        events = member_events(daemon, job, 2)
-        firsts = [t for m in events if (t := first_time(m, "progress")) is not None]
-        joined = [t for m in events if (t := first_time(m, "started")) is not None]
-        time.sleep(0.002)
+    killed, firsts, joined = kill_member_1(daemon, job, time.monotonic() + 120)
     daemon.wait_for(daemon.log, settled(job), 120)
     handed = [
         r for r in daemon.log.records if r.get("event") == "spare.handed" and r.get("job") == job
@@ -199,15 +172,6 @@ def sample_pair(daemon: Wardend, job: str, variant: str) -> Record:
         "rejoin_s": max(joined) - killed,
         "spare": sum(h.get("attempt") == 2 for h in handed) == 2,
     }
-
-
-def settled(job: str) -> Any:
-    """A predicate for the job's transition into a resting state."""
-    return lambda r: (
-        r.get("event") == "job.transition"
-        and r.get("job") == job
-        and r.get("to") in ("completed", "failed", "escalated")
-    )
 
 
 def digits_text(job_id: str, processes: int = 1) -> str:

@@ -52,24 +52,12 @@ def member_events(daemon: Wardend, job: str, attempt: int) -> list[list[Record]]
     return [read_events(folder / name) for name in ("events.jsonl", "events.1.jsonl")]
 
 
-def wait_group(daemon: Wardend, job: str, timeout: float) -> Record:
-    """The job's group spare's ``spare.ready`` record, once logged."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        daemon.log.poll()
-        for r in daemon.log.records:
-            if r.get("event") == "spare.ready" and r.get("job") == job and r.get("group"):
-                return r
-        time.sleep(0.01)
-    raise TimeoutError(f"{job}: no group spare ready")
-
-
-def sample_dp(daemon: Wardend, job: str, variant: str) -> Record:
-    """One 2-process dp_mlp job: member 1 killed after `KILL_AT`, every member's recovery."""
-    daemon.drop(f"{job}.toml", dp_text(job))
-    deadline = time.monotonic() + 180
-    if variant == "dp-spare":
-        wait_group(daemon, job, 180)
+def kill_member_1(
+    daemon: Wardend, job: str, deadline: float
+) -> tuple[float, list[float], list[float]]:
+    """Once every member of attempt 1 is past update `KILL_AT`, SIGKILL member 1; then wait
+    for attempt 2's first progress in every member.  Returns the kill's time and, per
+    member, attempt 2's first ``progress`` and ``started`` times."""
     while time.monotonic() < deadline:
         events = member_events(daemon, job, 1)
         steps = [
@@ -90,6 +78,28 @@ def sample_dp(daemon: Wardend, job: str, variant: str) -> Record:
         time.sleep(0.002)
     if len(firsts) < 2:
         raise TimeoutError(f"{job}: attempt 2 did not progress in every member")
+    return killed, firsts, joined
+
+
+def wait_group(daemon: Wardend, job: str, timeout: float) -> Record:
+    """The job's group spare's ``spare.ready`` record, once logged."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        daemon.log.poll()
+        for r in daemon.log.records:
+            if r.get("event") == "spare.ready" and r.get("job") == job and r.get("group"):
+                return r
+        time.sleep(0.01)
+    raise TimeoutError(f"{job}: no group spare ready")
+
+
+def sample_dp(daemon: Wardend, job: str, variant: str) -> Record:
+    """One 2-process dp_mlp job: member 1 killed after `KILL_AT`, every member's recovery."""
+    daemon.drop(f"{job}.toml", dp_text(job))
+    deadline = time.monotonic() + 180
+    if variant == "dp-spare":
+        wait_group(daemon, job, 180)
+    killed, firsts, joined = kill_member_1(daemon, job, deadline)
     exited = daemon.wait_for(daemon.log, is_event("attempt.exited", job=job, attempt=1))
     started = daemon.wait_for(daemon.log, is_event("attempt.started", job=job, attempt=2))
     daemon.wait_for(daemon.log, settled(job), 180)

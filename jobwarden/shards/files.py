@@ -52,20 +52,17 @@ class ShardFiles:
         header = bytes(buffers[0])
         (length,) = struct.unpack("<Q", header[:8])
         checksum = json.loads(header[8 : 8 + length])["__metadata__"]["checksum"]
-
-        def before_replace(pending: Path) -> None:
-            if hook is not None:
-                hook(pending)
-            self.fence()
-
-        with open_directory(self.directory) as handle:
-            self.fence()
-            size = handle.commit(name, buffers, before_replace)
-        return MemberShard(name, str(checksum), size)
+        return MemberShard(name, str(checksum), self._commit(name, buffers, hook))
 
     def write_record(self, record: CommitRecord, hook: Hook = None) -> Path:
         """The commit record of ``record.step``, durable on return: the step is complete."""
         name = record_name(record.step)
+        self._commit(name, [memoryview(record.to_bytes())], hook)
+        return self.directory / name
+
+    def _commit(self, name: str, buffers: list[memoryview], hook: Hook) -> int:
+        """Write ``name`` durably, fenced before the write and again before the replace;
+        returns its size."""
 
         def before_replace(pending: Path) -> None:
             if hook is not None:
@@ -74,8 +71,7 @@ class ShardFiles:
 
         with open_directory(self.directory) as handle:
             self.fence()
-            handle.commit(name, [memoryview(record.to_bytes())], before_replace)
-        return self.directory / name
+            return handle.commit(name, buffers, before_replace)
 
     def steps(self) -> list[int]:
         """The steps that hold a commit record, oldest first."""

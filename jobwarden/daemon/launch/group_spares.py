@@ -44,14 +44,12 @@ import psutil
 import structlog
 
 from jobwarden.daemon.background import Background, off_loop
-from jobwarden.daemon.children import CHILDREN
 from jobwarden.daemon.launch import reaper
-from jobwarden.daemon.launch.base import ATTEMPT_ENV, LINE_LIMIT, LaunchSpec, RunningAttempt
+from jobwarden.daemon.launch.base import LaunchSpec, RunningAttempt
 from jobwarden.daemon.launch.members import GroupAttempt, Spawn, free_port, member_spec
-from jobwarden.daemon.launch.spares import HANDED_FILE
+from jobwarden.daemon.launch.spares import HANDED_FILE, spare_folder, start_spare
 from jobwarden.daemon.store.evidence import keep, open_evidence
 from jobwarden.jobfolder import STDERR_FILE, member_file
-from jobwarden.runtime import SUPERVISOR_ENV
 from jobwarden.sdk.distributed import COORDINATOR_ENV, PROCESS_ID_ENV, PROCESSES_ENV
 
 log = structlog.get_logger("wardend.spare")
@@ -243,28 +241,14 @@ class GroupSpares:
         procs: list[asyncio.subprocess.Process] = []
         folders: list[Path] = []
         for index in range(spec.processes):
-            folder = spec.folder.parent.parent / "spares" / f"{stamp}-g{index}"
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            folder = spare_folder(spec, f"{stamp}-g{index}")
             env = {
                 **spec.env,
                 PROCESS_ID_ENV: str(index),
                 PROCESSES_ENV: str(spec.processes),
                 COORDINATOR_ENV: coordinator,
-                SUPERVISOR_ENV: str(os.getpid()),
-                ATTEMPT_ENV: str(folder),
             }
-            with open_evidence(folder / STDERR_FILE) as stderr, CHILDREN.starting():
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=stderr,
-                    env=env,
-                    start_new_session=True,
-                    limit=LINE_LIMIT,
-                )
-                CHILDREN.follow(proc)
-            procs.append(proc)
+            procs.append(await start_spare(argv, folder, env))
             folders.append(folder)
         future = asyncio.get_running_loop().create_future()
         return Group(key, coordinator, procs, folders, future)

@@ -43,13 +43,11 @@ import psutil
 import structlog
 
 from jobwarden.daemon.background import Background, off_loop
-from jobwarden.daemon.children import CHILDREN
 from jobwarden.daemon.launch import reaper
-from jobwarden.daemon.launch.base import ATTEMPT_ENV, LINE_LIMIT, LaunchSpec, RunningAttempt
-from jobwarden.daemon.launch.spares import HANDED_FILE
+from jobwarden.daemon.launch.base import LaunchSpec, RunningAttempt
+from jobwarden.daemon.launch.spares import HANDED_FILE, spare_folder, start_spare
 from jobwarden.daemon.store.evidence import keep, open_evidence
 from jobwarden.jobfolder import STDERR_FILE
-from jobwarden.runtime import SUPERVISOR_ENV
 from jobwarden.sdk.distributed import COORDINATOR_ENV, PROCESS_ID_ENV
 from jobwarden.sdk.settings import RUN_FILE_ENV
 from jobwarden.sdk.spare import READY, SPARE_ENV, TAKEN, Handoff
@@ -242,29 +240,12 @@ class ProgramSpares:
         """Start the program as a spare of ``spec``'s job, in a folder of its own."""
         member = spec.env.get(PROCESS_ID_ENV)
         name = str(time.time_ns()) + (f"-{member}" if member is not None else "")
-        folder = spec.folder.parent.parent / "spares" / name
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder = spare_folder(spec, name)
         run_file = folder / RUN_FILE
         shutil.copyfile(spec.env[RUN_FILE_ENV], run_file)
-        env = {
-            **spec.env,
-            RUN_FILE_ENV: str(run_file),
-            SPARE_ENV: "1",
-            SUPERVISOR_ENV: str(os.getpid()),
-            ATTEMPT_ENV: str(folder),
-        }
-        with open_evidence(folder / STDERR_FILE) as stderr, CHILDREN.starting():
-            proc = await asyncio.create_subprocess_exec(
-                *spec.argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=stderr,
-                env=env,
-                cwd=spec.cwd if _workdir(spec) is not None else folder,
-                start_new_session=True,
-                limit=LINE_LIMIT,
-            )
-            CHILDREN.follow(proc)
+        env = {**spec.env, RUN_FILE_ENV: str(run_file), SPARE_ENV: "1"}
+        cwd = spec.cwd if _workdir(spec) is not None else folder
+        proc = await start_spare(spec.argv, folder, env, cwd)
         return ProgramSpare(key, proc, folder, asyncio.get_running_loop().create_future())
 
     async def _watch(self, slot: str, spare: ProgramSpare, spec: LaunchSpec) -> None:

@@ -56,6 +56,36 @@ READY_TIMEOUT_S = 300.0
 HANDED_FILE = "handed"
 """In a spare's folder: the attempt folder it was handed, written before the handoff."""
 
+
+def spare_folder(spec: LaunchSpec, name: str) -> Path:
+    """A new spare's own folder, ``jobs/<job>/spares/<name>``, made."""
+    folder = spec.folder.parent.parent / "spares" / name
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder
+
+
+async def start_spare(
+    argv: list[str], folder: Path, env: dict[str, str], cwd: Path | None = None
+) -> asyncio.subprocess.Process:
+    """Start a spare (of a task, a program or a group's member) in a session of its own,
+    as a worker is: its stdin and stdout pipes to the daemon, its stderr in ``folder``,
+    the daemon's pid and ``folder`` in its environment, followed as the daemon's child."""
+    env = {**env, SUPERVISOR_ENV: str(os.getpid()), ATTEMPT_ENV: str(folder)}
+    with open_evidence(folder / STDERR_FILE) as stderr, CHILDREN.starting():
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=stderr,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            limit=LINE_LIMIT,
+        )
+        CHILDREN.follow(proc)
+    return proc
+
+
 Spawn = Callable[[LaunchSpec, str], Awaitable[RunningAttempt]]
 Adopt = Callable[[LaunchSpec, asyncio.subprocess.Process], RunningAttempt]
 
@@ -162,21 +192,8 @@ class SparePool:
             return
         if not self.live.get(key):
             return
-        folder = spec.folder.parent.parent / "spares" / str(time.time_ns())
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        argv = call.spare_argv()
-        env = {**spec.env, SUPERVISOR_ENV: str(os.getpid()), ATTEMPT_ENV: str(folder)}
-        with open_evidence(folder / STDERR_FILE) as stderr, CHILDREN.starting():
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=stderr,
-                env=env,
-                start_new_session=True,
-                limit=LINE_LIMIT,
-            )
-            CHILDREN.follow(proc)
+        folder = spare_folder(spec, str(time.time_ns()))
+        proc = await start_spare(call.spare_argv(), folder, spec.env)
         spare = self.spares[key] = Spare(proc, folder)
         spare.ready = asyncio.ensure_future(self._wait_ready(key, spare))
         log.info("spare.started", pid=proc.pid, task=json.loads(key)[0], folder=str(folder))
