@@ -44,6 +44,14 @@ def progress_hashes(path: Path) -> dict[int, str]:
     return {e["step"]: e["state_hash"] for e in events(path) if e["event"] == "progress"}
 
 
+def job_document(faults: dict[str, Any], **sections: dict[str, Any]) -> str:
+    """The example's job file as JSON for the spool, run by this interpreter, with ``faults``."""
+    document = load_document(JOB_FILE)
+    document["command"] = [sys.executable, *document["command"][1:]]
+    document["env"] = {"PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ left in examples/
+    return json.dumps({**document, "faults": faults, **sections})
+
+
 def test_the_example_ships_a_program_a_readme_and_a_two_member_job_file() -> None:
     """train.py, README.md and a job file of two members whose workdir is the documented
     placeholder, which the job file schema accepts once resolved."""
@@ -121,13 +129,10 @@ def test_a_step_holding_an_older_steps_state_is_caught_as_a_replay_mismatch(
     daemon's replay check finds that its combined hash is not update 20's: escalated.  The
     state it holds is update 10's, component by component."""
     require_examples_extra()
-    document = load_document(JOB_FILE)
-    document["command"] = [sys.executable, *document["command"][1:]]  # this interpreter
-    document["env"] = {"PYTHONDONTWRITEBYTECODE": "1"}  # no __pycache__ left in examples/
-    document["faults"] = {"stall_at": 25, "stall_seconds": 120, "process": 1}
-    document["supervision"] = {"stall_timeout_s": 8}
+    stall = {"stall_at": 25, "stall_seconds": 120, "process": 1}
+    job = job_document(stall, supervision={"stall_timeout_s": 8})
     with Daemon(tmp_path / "root", compile_cache, "--no-warm-spare") as daemon:
-        daemon.drop("swapped.json", json.dumps(document))
+        daemon.drop("swapped.json", job)
         first = daemon.wait("orbax_sharded", ("running",), timeout=120)
         assert first["attempt"] == 1
         log = daemon.attempt_folder("orbax_sharded", 1) / "events.jsonl"
@@ -157,3 +162,38 @@ def test_a_step_holding_an_older_steps_state_is_caught_as_a_replay_mismatch(
     held = [{name: e["components"][name] for name in state} for e in (restored, logged[10])]
     assert held[0] == held[1]
     assert restored["state_hash"] != logged[20]["state_hash"]
+
+
+@pytest.mark.slow
+def test_member_1_killed_after_a_save_is_recovered_from_orbaxs_newest_finalized_step(
+    tmp_path: Path, compile_cache: Path
+) -> None:
+    """Member 1 SIGKILLed one update after Orbax's save of step 20 began: both members restore
+    Orbax's newest finalized step (20, or 10 when that save was cut short), the daemon
+    verifies each member's replay against its own log, and no unfinished save is left."""
+    require_examples_extra()
+    with Daemon(tmp_path / "root", compile_cache, "--no-warm-spare") as daemon:
+        daemon.drop("killed.json", job_document({"crash_after": 21, "process": 1}))
+        status = daemon.wait("orbax_sharded", timeout=240)
+        incidents = daemon.incidents("orbax_sharded")
+        folders = [daemon.attempt_folder("orbax_sharded", n) for n in (1, 2)]
+    assert (status["state"], status["attempt"], status["step"]) == ("completed", 2, STEPS)
+    (incident,) = incidents
+    assert (incident["kind"], incident["status"]) == ("crash", "verified"), incident["outcome"]
+    first = json.loads((folders[0] / "members.json").read_text())
+    assert first["failed_member"] == 1
+    assert first["members"][1]["exit_signal"] == "SIGKILL"
+    resumed = [events(folders[1] / name) for name in ("events.jsonl", "events.1.jsonl")]
+    restored = {next(e["step"] for e in member if e["event"] == "restored") for member in resumed}
+    assert restored in ({10}, {20})
+    checked = [c["step"] for c in incident["verification"]["checks"]]
+    assert checked == list(range(*restored, 22))  # the restored state and every replayed update
+    members = json.loads((folders[1] / "members.json").read_text())["members"]
+    assert [(m["replay_ok"], m["replay_checks"]) for m in members][1] == (True, len(checked))
+    checkpoints = tmp_path / "root" / "checkpoints" / "orbax_sharded"
+    assert sorted(p.name for p in checkpoints.iterdir() if not p.name.startswith(".")) == [
+        "20",
+        "30",
+        "40",
+        "writer.json",
+    ]
