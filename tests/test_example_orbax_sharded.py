@@ -21,12 +21,14 @@ from tests.helpers import wait_until
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "orbax_sharded"
 JOB_FILE = EXAMPLE / "job.toml"
-STEPS, EVERY = 40, 10
+STEPS = 40
 
 
 def require_examples_extra() -> None:
     """Skip, saying what to install, when the examples extra is not installed."""
-    absent = [m for m in ("flax", "sklearn", "orbax.checkpoint") if not importlib.util.find_spec(m)]
+    absent = [
+        m for m in ("optax", "sklearn", "orbax.checkpoint") if not importlib.util.find_spec(m)
+    ]
     if absent:
         pytest.skip(
             f"the examples extra is not installed ({', '.join(absent)} not importable): "
