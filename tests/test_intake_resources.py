@@ -15,7 +15,7 @@ import pytest
 
 from jobwarden.daemon.intake.queue import Intake, Kept, Taken
 from jobwarden.daemon.intake.spool import Rejection, Spool
-from jobwarden.daemon.store import jobs, staging
+from jobwarden.daemon.store import jobs
 from jobwarden.daemon.store.layout import Root
 from jobwarden.jobfile import Job, job_from_bytes
 
@@ -105,7 +105,7 @@ class TestOutOfDescriptors:
         claimed = root.claimed / "7.good.toml"
         claimed.write_bytes(GOOD)
         job = job_from_bytes(GOOD, "good.toml", "toml")
-        made = staging.create_folder(
+        made = jobs.create_folder(
             root, job, GOOD, ".toml", claim=claimed.name, request_name="good.toml"
         )
         spool = Spool(root, known=lambda job_id: False)

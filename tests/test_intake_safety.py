@@ -17,16 +17,14 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
 from jobwarden.control import client
 from jobwarden.daemon.intake import spool
-from jobwarden.daemon.intake.names import MAX_NAME_BYTES
 from jobwarden.daemon.intake.queue import Intake
-from jobwarden.daemon.intake.spool import Rejection, Spool
-from jobwarden.daemon.intake.watcher import pending_requests
+from jobwarden.daemon.intake.spool import MAX_NAME_BYTES, Rejection, Spool, pending_requests
 from jobwarden.daemon.store import jobs
 from jobwarden.daemon.store.jobs import JobTable, read_folder
 from jobwarden.daemon.store.layout import Root
@@ -162,39 +160,6 @@ class TestKilledAtEveryInstant:
                 assert error_files(root) == ["req.toml.error.json"], instant
                 assert (root.rejected / "req.toml").read_bytes() == data
         assert instant == calls[0] + 1 > 5
-
-
-class TestKilledInAGroup:
-    """Requests taken together share their fsyncs; a kill anywhere in the group loses none."""
-
-    REQUESTS: ClassVar[dict[str, bytes]] = {
-        "a.toml": b'id = "a"\ntask = "linreg"\n',
-        "b.toml": b'id = "b"\ntask = "linreg"\n',
-        "a-again.toml": b'id = "a"\ntask = "linreg"\n',
-    }
-
-    def test_every_request_of_a_group_ends_accepted_or_rejected_exactly_once(
-        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """Two jobs and a duplicate of the first, taken as one group and killed at each
-        file-system call in turn: after a restart, two jobs and one rejection, nothing left."""
-        instant = 0
-        outcomes: list[Job | Rejection | Exception | None] = []
-        while not outcomes:
-            instant += 1
-            root = Root(tmp_path / f"root{instant}")
-            root.create()
-            paths = [arrive(root, name, data) for name, data in self.REQUESTS.items()]
-            with killed_at(monkeypatch, instant) as calls, contextlib.suppress(Killed):
-                outcomes = Spool(root, known=lambda job_id: False).take_all(paths)
-            table, _ = restart(root)
-            assert spool_files(root) == [], instant
-            assert not list(root.jobs.glob(jobs.STAGING_PREFIX + "*")), instant
-            assert sorted(r.id for r in table) == ["a", "b"], instant
-            assert len(error_files(root)) == 1, instant
-            assert (root.job("b") / "request.toml").read_bytes() == self.REQUESTS["b.toml"]
-        assert [type(o).__name__ for o in outcomes] == ["Job", "Job", "Rejection"]
-        assert instant == calls[0] + 1 > 10
 
 
 class TestHalfMadeFolders:
@@ -378,11 +343,10 @@ class TestIntakeQueue:
         """An exception in one take is logged; the rest are taken, and a rescan still runs."""
 
         class Flaky(Spool):
-            def take_all(self, paths: list[Path]) -> list[Job | Rejection | Exception | None]:
-                good = iter(super().take_all([p for p in paths if not p.name.startswith("boom")]))
-                return [
-                    RuntimeError("boom") if p.name.startswith("boom") else next(good) for p in paths
-                ]
+            def take(self, path: Path) -> Job | Rejection | None:
+                if path.name.startswith("boom"):
+                    raise RuntimeError("boom")
+                return super().take(path)
 
         for index in range(40):
             arrive(root, f"r{index:02d}.toml", f'id = "r{index:02d}"\ntask = "linreg"\n'.encode())

@@ -48,48 +48,6 @@ def refused(root: Root, result: Job | Rejection | None, name: str) -> list[str]:
     return result.problems
 
 
-class TestTakenTogether:
-    """`Spool.take_all`: requests taken as one group, their folders made durable together."""
-
-    def test_each_request_of_a_group_becomes_its_own_job_folder(
-        self, root: Root, spool: Spool
-    ) -> None:
-        """Three requests taken together: three jobs, each folder holding its own request."""
-        data = {f"j{i}.toml": f'id = "j{i}"\ntask = "linreg"\n'.encode() for i in range(3)}
-        taken = spool.take_all([arrive(root, name, raw) for name, raw in data.items()])
-        assert [job.id for job in taken if isinstance(job, Job)] == ["j0", "j1", "j2"]
-        for name, raw in data.items():
-            assert raw == (root.job(name.removesuffix(".toml")) / "request.toml").read_bytes()
-        assert os.listdir(root.incoming) + os.listdir(root.claimed) == []
-        assert sorted(spool.accepted) == ["j0", "j1", "j2"]
-
-    def test_a_duplicate_id_within_a_group_is_rejected_as_alone(
-        self, root: Root, spool: Spool
-    ) -> None:
-        """The second request of a group with the first one's id is a duplicate."""
-        first, second = arrive(root, "a.toml", GOOD), arrive(root, "b.toml", GOOD)
-        taken = spool.take_all([first, second])
-        assert isinstance(taken[0], Job)
-        assert refused(root, taken[1], "b.toml") == [
-            "id: duplicate job id 'good': a job with this id already exists"
-        ]
-
-    def test_a_request_that_cannot_be_staged_does_not_stop_the_others(
-        self, root: Root, spool: Spool
-    ) -> None:
-        """A file planted at one job's staging name refuses that job; the next is accepted."""
-        (root.jobs / "+intake-good").write_text("planted")
-        taken = spool.take_all(
-            [
-                arrive(root, "good.toml", GOOD),
-                arrive(root, "x.toml", b'id = "x"\ntask = "linreg"\n'),
-            ]
-        )
-        assert isinstance(taken[0], Rejection)
-        assert isinstance(taken[1], Job)
-        assert (root.job("x") / "state.json").is_file()
-
-
 class TestAccepted:
     def test_a_valid_request_becomes_a_job_folder(self, root: Root, spool: Spool) -> None:
         """A valid TOML request returns its Job; its folder holds the request and job.json."""

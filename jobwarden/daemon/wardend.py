@@ -29,7 +29,7 @@ from jobwarden.daemon.api.server import ControlServer
 from jobwarden.daemon.background import Background
 from jobwarden.daemon.config import Options
 from jobwarden.daemon.incidents.records import IncidentLog
-from jobwarden.daemon.intake import spool, watcher
+from jobwarden.daemon.intake import spool
 from jobwarden.daemon.intake.queue import Intake, Taken
 from jobwarden.daemon.launch import reaper, registry
 from jobwarden.daemon.launch.base import Launcher
@@ -145,7 +145,7 @@ class Wardend:
         def enqueue(path: Path) -> None:
             loop.call_soon_threadsafe(self.intake, path)
 
-        observer = watcher.watch(self.root, enqueue)
+        observer = spool.watch(self.root, enqueue)
         self._rescan()
         await self.server.start()
         self._spawn(self._every(self.options.rescan_interval_s, self._rescan))

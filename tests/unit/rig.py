@@ -37,9 +37,8 @@ from jobwarden.daemon.intake.spool import Rejection, Spool
 from jobwarden.daemon.observe import metrics
 from jobwarden.daemon.observe.hooks import Notifications
 from jobwarden.daemon.stats import Stats
-from jobwarden.daemon.store.jobs import JobRecord, JobTable
+from jobwarden.daemon.store.jobs import JobRecord, JobTable, create_folder
 from jobwarden.daemon.store.layout import Root
-from jobwarden.daemon.store.staging import create_folder
 from jobwarden.daemon.supervise.services import Services, Supervising
 from jobwarden.daemon.supervise.supervisor import JobSupervisor
 from jobwarden.events import Event, read_events

@@ -21,9 +21,8 @@ from jobwarden.daemon.api import examine, resuming, status, tailing
 from jobwarden.daemon.api.arguments import int_arg, job_record
 from jobwarden.daemon.api.lifecycle import Lifecycle
 from jobwarden.daemon.background import off_loop
-from jobwarden.daemon.intake.names import name_problems
 from jobwarden.daemon.intake.queue import Kept, short_of_resources
-from jobwarden.daemon.intake.spool import Rejection
+from jobwarden.daemon.intake.spool import Rejection, name_problems
 from jobwarden.daemon.store.evidence import describe
 from jobwarden.daemon.supervise.attempt import output_entry, stdout_name
 from jobwarden.decoding import loads_json

@@ -1,14 +1,11 @@
 """Taking requests in without stalling the loop: one intake thread, outcomes applied in batches.
 
 Claiming, validating and the fsyncs that make a job folder or a rejection
-durable (`Spool.take_all`) run in one dedicated thread, so requests are taken one
+durable (`Spool.take`) run in one dedicated thread, so requests are taken one
 at a time, in order, and the loop stays free to answer the control socket and
 ping the watchdog however full the spool is.  The loop hands that thread at
 most `BATCH` paths at once and applies their outcomes (``admit``: register the
-job, queue it) when the batch returns, then hands over the next.  A batch's
-job folders are made durable together (one round of fsyncs, `staging`), so
-requests that arrive while a batch is being made durable wait for one more
-round, however many they are, not for a queue of rounds one request each.  A rescan
+job, queue it) when the batch returns, then hands over the next.  A rescan
 lists the spool in the thread too, once the paths already queued are taken.
 
 Nothing a request does escapes this module: a failure in one file is logged
@@ -34,8 +31,7 @@ from pathlib import Path
 
 import structlog
 
-from jobwarden.daemon.intake import spool, watcher
-from jobwarden.daemon.intake.names import printable
+from jobwarden.daemon.intake import spool
 from jobwarden.daemon.store.evidence import describe
 from jobwarden.jobfile import Job
 
@@ -174,7 +170,7 @@ class Intake:
 
     def _scan(self) -> list[Path]:
         try:
-            found = watcher.pending_requests(self.spool.root)
+            found = spool.pending_requests(self.spool.root)
         except Exception as error:  # the next scan tries again
             if not self._short(error, "scan"):
                 log.error("spool.scan_failed", exc_info=error)
@@ -183,22 +179,17 @@ class Intake:
         return found
 
     def _take_all(self, paths: list[Path]) -> list[Taken]:
-        try:
-            found = self.spool.take_all(paths)
-        except Exception as error:  # noqa: BLE001 - each request's outcome says what it was
-            found = [error] * len(paths)
-        return [self._outcome(path, taken) for path, taken in zip(paths, found, strict=True)]
+        return [self._take(path) for path in paths]
 
     def _take(self, path: Path) -> Taken:
-        return self._take_all([path])[0]
-
-    def _outcome(self, path: Path, taken: Job | spool.Rejection | Exception | None) -> Taken:
-        if isinstance(taken, OSError):  # left in the spool; the next scan tries again
-            if self._short(taken, printable(str(path))):
-                return Kept(path.name, describe(taken))
-            log.error("spool.error", file=printable(str(path)), error=repr(taken))
-        elif isinstance(taken, Exception):
-            log.error("spool.failed", file=printable(str(path)), exc_info=taken)
+        try:
+            taken = self.spool.take(path)
+        except OSError as error:  # left in the spool; the next scan tries again
+            if self._short(error, spool.printable(str(path))):
+                return Kept(path.name, describe(error))
+            log.error("spool.error", file=spool.printable(str(path)), error=repr(error))
+        except Exception as error:
+            log.error("spool.failed", file=spool.printable(str(path)), exc_info=error)
         else:
             self._recovered()
             return taken

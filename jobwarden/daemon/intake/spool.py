@@ -10,11 +10,9 @@ to ``spool/rejected/`` beside an error file listing every problem.  Nothing is
 deleted, nothing is silently fixed.
 
 Crash safety: a request leaves the spool only once its job folder is durable
-(`jobwarden.daemon.store.staging`), and a rejected request only once its
-error file is (requests taken together share the waiting: their job folders
-are made durable as one group, each before its own request leaves); a request
-found in ``spool/claimed`` at start is taken again, and recognised when its
-job folder was already made from it.  The kept request
+(`jobwarden.daemon.store.jobs.create_folder`), and a rejected request only once its
+error file is; a request found in ``spool/claimed`` at start is taken again,
+and recognised when its job folder was already made from it.  The kept request
 is the daemon's own copy of the bytes it validated, never a link to the
 writer's file, so nothing outside can edit it afterwards.
 
@@ -25,6 +23,7 @@ while validating, is a rejection with its error file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -32,17 +31,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
 
-from jobwarden.daemon.intake.names import name_problems, original_name, printable, safe_name
-from jobwarden.daemon.store import jobs, staging
+from jobwarden.daemon.store import jobs
 from jobwarden.daemon.store.layout import Root
 from jobwarden.errors import JobFileError
 from jobwarden.files import UnsafePathError, write_all, write_text_atomic
 from jobwarden.jobfile import MAX_JOB_FILE_BYTES, Job, format_of, job_from_bytes
 
 log = structlog.get_logger("wardend.spool")
+RESCAN_SETTLE_S = 1.0
+NAME_MAX = 255
+STAMP_DIGITS = 19  # time.time_ns() until the year 2286
+MAX_NAME_BYTES = NAME_MAX - STAMP_DIGITS - 1
+"""The longest request name: the claim renames it to ``<stamp>.<name>`` within NAME_MAX."""
 ERROR_SUFFIX = ".error.json"
 
 
@@ -55,7 +61,118 @@ class Rejection:
     problems: list[str]
 
 
+class SpoolHandler(FileSystemEventHandler):
+    """watchdog callbacks: hand paths to the loop, nothing else (an exception here kills the
+    observer thread)."""
+
+    def __init__(self, incoming: Path, enqueue: Callable[[Path], None]) -> None:
+        self.incoming = incoming
+        self.enqueue = enqueue
+
+    def on_moved(self, event: FileSystemEvent) -> None:
+        """A file renamed into incoming."""
+        self._hand_over(event.dest_path)
+
+    def on_closed(self, event: FileSystemEvent) -> None:
+        """A file closed after writing directly in incoming."""
+        self._hand_over(event.src_path)
+
+    def _hand_over(self, raw: str | bytes) -> None:
+        try:
+            path = Path(os.fsdecode(raw))
+            if path.parent == self.incoming:
+                self.enqueue(path)
+        except Exception as error:  # the rescan catches what is missed here
+            log.error("spool.watch_failed", error=repr(error), exc_info=error)
+
+
+def watch(root: Root, enqueue: Callable[[Path], None]) -> Any:
+    """Start a watchdog observer on the whole spool; returns it (call ``.stop()``).
+
+    The whole spool is watched, not only ``incoming``, so that every rename the
+    spool sees (tmp -> incoming by writers, incoming -> claimed -> rejected by
+    the daemon) has both halves inside the watch.  watchdog holds a rename
+    whose other half it never sees for half a second to pair it, and every
+    later event waits behind it; accepted requests therefore leave the spool
+    by unlink (their job folder holds the daemon's copy), not by rename.  A
+    file renamed in from outside the spool is only an unpaired "created"
+    event, indistinguishable from a file still being written: the rescan
+    picks it up.
+    """
+    observer = Observer()
+    observer.schedule(
+        SpoolHandler(root.incoming, enqueue), str(root.incoming.parent), recursive=True
+    )
+    observer.daemon = True
+    observer.start()
+    return observer
+
+
+def pending_requests(root: Root, settle_s: float = RESCAN_SETTLE_S) -> list[Path]:
+    """Requests waiting in incoming and leftovers in claimed, oldest first.
+
+    A file in incoming modified less than ``settle_s`` ago is left for its
+    watch event or the next scan: it may still be being written by a writer
+    that ignores the tmp-then-rename discipline.  A file gone while listed is
+    skipped.
+    """
+    found = []
+    now = time.time_ns()
+    for folder in (root.claimed, root.incoming):
+        for entry in os.scandir(folder):
+            if entry.name.startswith("."):
+                continue
+            try:
+                mtime = entry.stat(follow_symlinks=False).st_mtime_ns
+            except OSError:
+                continue
+            if folder == root.incoming and now - mtime < settle_s * 1e9:
+                continue
+            found.append((mtime, Path(entry.path)))
+    return [path for _, path in sorted(found)]
+
+
 ALREADY_ACCEPTED = "already accepted"
+
+
+def name_problems(name: str) -> list[str]:
+    """What makes a request's file name unusable (empty when it is fine)."""
+    raw = os.fsencode(name)
+    problems = []
+    if len(raw) > MAX_NAME_BYTES:
+        problems.append(
+            f"name: {len(raw)} bytes, over the {MAX_NAME_BYTES}-byte limit "
+            f"(the claim prefixes a {STAMP_DIGITS + 1}-byte stamp within NAME_MAX = {NAME_MAX})"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        problems.append(f"name: not UTF-8 text (byte {raw[error.start]:#04x} at {error.start})")
+        text = name
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        problems.append("name: holds control characters")
+    return problems
+
+
+def printable(name: str) -> str:
+    """``name`` as text safe to log and show: undecodable bytes and control characters escaped."""
+    text = os.fsencode(name).decode("utf-8", "backslashreplace")
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+
+
+def safe_name(name: str) -> str:
+    """A short, printable name unique to ``name``, to keep a request with an unusable name."""
+    raw = os.fsencode(name)
+    stem = "".join(
+        c if (c.isascii() and c.isalnum()) or c in "._-" else "_" for c in printable(name)
+    )
+    return f"badname-{hashlib.sha256(raw).hexdigest()[:16]}-{stem[:64].lstrip('.')}"
+
+
+def original_name(claimed: str) -> str:
+    """The name a claimed file arrived under: ``<stamp>.<name>`` without its stamp."""
+    stamp, dot, rest = claimed.partition(".")
+    return rest if dot and stamp.isdigit() and rest else claimed
 
 
 class Spool:
@@ -97,45 +214,6 @@ class Spool:
         OSError for a file system failure (the request stays in the spool and is
         tried again at the next scan).
         """
-        [outcome] = self.take_all([path])
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
-
-    def take_all(self, paths: list[Path]) -> list[Job | Rejection | Exception | None]:
-        """`take` each of ``paths`` in order, their job folders made durable as one group
-        (`staging.make_durable`); for each, its outcome or the exception that stopped it.
-
-        A request whose job id is staged already in the group waits for the group to be
-        durable, and is then judged as `take` alone would judge it (a duplicate).
-        """
-        outcomes: list[Job | Rejection | Exception | None] = [None] * len(paths)
-        group: dict[str, tuple[int, Path, Job, staging.Staged]] = {}
-        for index, path in enumerate(paths):
-            try:
-                claimed = self._claim(path)
-                if not isinstance(claimed, tuple):
-                    outcomes[index] = claimed
-                    continue
-                verdict = self._judge(*claimed)
-                if isinstance(verdict, tuple) and verdict[0].id in group:
-                    self._settle(group, outcomes)
-                    verdict = self._judge(*claimed)
-                if isinstance(verdict, tuple):
-                    staged = self._stage(*claimed, *verdict)
-                    if isinstance(staged, staging.Staged):
-                        group[verdict[0].id] = (index, claimed[0], verdict[0], staged)
-                    else:
-                        outcomes[index] = staged
-                else:
-                    outcomes[index] = verdict
-            except Exception as error:  # noqa: BLE001 - handed back with the request's outcome
-                outcomes[index] = error
-        self._settle(group, outcomes)
-        return outcomes
-
-    def _claim(self, path: Path) -> tuple[Path, str] | Rejection | None:
-        """The claimed path and the name the request arrived under, or its outcome already."""
         if path.name.startswith("."):
             return None
         name = original_name(path.name) if path.parent == self.root.claimed else path.name
@@ -143,17 +221,14 @@ class Spool:
         if problems:
             return self._reject(path, name, problems)
         if path.parent == self.root.claimed:
-            return path, name
-        self._stamp = max(time.time_ns(), self._stamp + 1)
-        claimed = self.root.claimed / f"{self._stamp}.{name}"
-        try:
-            os.rename(path, claimed)
-        except FileNotFoundError:
-            return None
-        return claimed, name
-
-    def _judge(self, claimed: Path, name: str) -> tuple[Job, bytes] | Job | Rejection | None:
-        """Validate a claimed request: its job and bytes, or its outcome already."""
+            claimed = path
+        else:
+            self._stamp = max(time.time_ns(), self._stamp + 1)
+            claimed = self.root.claimed / f"{self._stamp}.{name}"
+            try:
+                os.rename(path, claimed)
+            except FileNotFoundError:
+                return None
         try:
             problems, verdict = self._validate(claimed, name)
         except OSError:
@@ -163,47 +238,23 @@ class Spool:
             problems, verdict = [f"validation failed: {type(error).__name__}: {error!s:.200}"], None
         if problems == [ALREADY_ACCEPTED]:
             return self._made_already(claimed, verdict[0] if verdict else None)
-        if verdict is None:
-            return self._reject(claimed, name, problems)
-        return verdict
-
-    def _stage(
-        self, claimed: Path, name: str, job: Job, raw: bytes
-    ) -> staging.Staged | Rejection | None:
-        """Write the job's folder as its staging sibling (`staging.stage`), or reject it."""
-        try:
-            staged = staging.stage(
-                self.root,
-                job,
-                raw,
-                claimed.suffix or ".toml",
-                claim=claimed.name,
-                request_name=name,
-            )
-        except UnsafePathError as error:  # a link at its staging folder: refused, kept
-            return self._reject(claimed, name, [f"unsafe path: {error.message}"])
-        return staged
-
-    def _settle(
-        self,
-        group: dict[str, tuple[int, Path, Job, staging.Staged]],
-        outcomes: list[Job | Rejection | Exception | None],
-    ) -> None:
-        """Make the group's folders durable; then, and only then, its requests leave."""
-        members = list(group.values())
-        group.clear()
-        made = staging.make_durable(self.root, [staged for *_, staged in members])
-        for (index, claimed, job, _), record in zip(members, made, strict=True):
-            if isinstance(record, OSError):
-                outcomes[index] = record
-                continue
+        if verdict is not None:
+            job, raw = verdict
             try:
-                claimed.unlink()
-            except OSError as error:
-                outcomes[index] = error
-                continue
+                record = jobs.create_folder(
+                    self.root,
+                    job,
+                    raw,
+                    claimed.suffix or ".toml",
+                    claim=claimed.name,
+                    request_name=name,
+                )
+            except UnsafePathError as error:  # a link at its staging folder: refused, kept
+                return self._reject(claimed, name, [f"unsafe path: {error.message}"])
+            claimed.unlink()
             self.accepted[job.id] = record
-            outcomes[index] = job
+            return job
+        return self._reject(claimed, name, problems)
 
     def _made_already(self, claimed: Path, job: Job | None) -> Job | None:
         """A claimed file whose job folder was made from it: the job if the daemon has not

@@ -4,10 +4,10 @@
 transition table, records the reason, persists ``jobs/<id>/state.json`` with
 fsync, and logs the transition as a structlog event.
 
-A job folder appears whole or not at all: `jobwarden.daemon.store.staging`
-builds it as a staging sibling (the request as taken, ``job.json``,
-``state.json``, each fsynced), renames it into place and fsyncs ``jobs/``;
-only then may the request leave the spool.  `JobTable.load` discards staging folders (their
+A job folder appears whole or not at all: `create_folder` builds it as a
+staging sibling (the request as taken, ``job.json``, ``state.json``, each
+fsynced), renames it into place and fsyncs ``jobs/``; only then may the
+request leave the spool.  `JobTable.load` discards staging folders (their
 request is still in the spool) and completes any half-made folder an older
 daemon left from the request it kept, or returns that request to the spool.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
@@ -30,6 +31,10 @@ from jobwarden.daemon.store.layout import Root
 from jobwarden.daemon.store.programrun import run_value
 from jobwarden.files import (
     PENDING_SUFFIX,
+    UnsafePathError,
+    fsync_dir,
+    kind_of,
+    write_all,
     write_text_atomic,
 )
 from jobwarden.jobfile import Job, format_of, job_from_bytes, job_from_mapping
@@ -144,7 +149,7 @@ class JobTable:
         return record
 
     def adopt(self, record: JobRecord) -> JobRecord:
-        """Register a job whose folder `staging.make_durable` has just made durable (its record as
+        """Register a job whose folder `create_folder` has just made durable (its record as
         saved, held in memory: nothing is read back)."""
         self.records[record.id] = record
         self.version += 1
@@ -259,6 +264,48 @@ def read_folder(folder: Path) -> JobRecord:
         if name in saved:
             setattr(record, name, saved[name])
     record.state = JobState(saved["state"])
+    return record
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        write_all(fd, [memoryview(data)])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create_folder(
+    root: Root, job: Job, request: bytes, suffix: str, *, claim: str, request_name: str
+) -> JobRecord:
+    """Make ``jobs/<id>/`` durable in one step, holding the request as taken (our own copy);
+    returns the record it saved.
+
+    Raises OSError (the staging folder is left for the next attempt or start
+    to discard) or FileExistsError if the job folder appeared meanwhile.
+    """
+    staging = root.jobs / f"{STAGING_PREFIX}{job.id}"
+    if os.path.lexists(staging):
+        found = os.lstat(staging).st_mode
+        if not stat.S_ISDIR(found):  # planted: rmtree would refuse it at every rescan
+            raise UnsafePathError(
+                str(staging),
+                f"is a {kind_of(found)}, not a staging folder of this daemon; left in place",
+                found=kind_of(found),
+            )
+        shutil.rmtree(staging)
+    staging.mkdir()
+    record = new_record(job, claim=claim, request_name=request_name)
+    _write_new(staging / f"request{suffix}", request)
+    _write_new(staging / "job.json", (json.dumps(job.to_record(), indent=2) + "\n").encode())
+    _write_new(staging / "state.json", state_text(record).encode())
+    fsync_dir(staging)
+    target = root.job(job.id)
+    if os.path.lexists(target):
+        raise FileExistsError(f"job folder {target} appeared while {staging} was built")
+    os.rename(staging, target)
+    fsync_dir(root.jobs)
     return record
 
 
