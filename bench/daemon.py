@@ -40,8 +40,8 @@ two cores are never shared by two measured jobs.
    process start to its first progress event, with an empty and a warm cache.
 
 Run with ``make bench`` or ``.venv/bin/python bench/daemon.py`` (``--quick`` for
-fewer samples, ``--samples N`` to use N samples for every measure, ``--keep``
-to keep the temporary roots).  It prints a table and writes
+fewer samples, ``--samples N`` to use N samples for every measure, ``--only intake,crash``
+to run some measures only, ``--keep`` to keep the temporary roots).  It prints a table and writes
 ``bench/results/daemon.json``.  The daemon and the records it writes are read through
 bench/daemon_records.py (the package's harness, `jobwarden.control.harness`), the rows
 and the table are bench/daemon_table.py's, and measure 4 is bench/daemon_recovery.py.
@@ -105,6 +105,8 @@ HOLD_JOB = {
     "supervision": {"stall_timeout_s": 600, "startup_timeout_s": 600, "stop_grace_s": 1},
 }
 CRASH_JOB = {"faults": {"crash_after": 1}, "supervision": {"max_restarts": 0}}
+MEASURES = ("worker", "intake", "crash", "stall", "recovery")
+"""the measures, in the order they run (``--only`` picks some)"""
 STALL_JOB = {
     "faults": {"stall_at": 2, "stall_seconds": 30},
     "supervision": {"stall_timeout_s": 1, "max_restarts": 0, "stop_grace_s": 1},
@@ -280,6 +282,14 @@ def filesystem_of(path: Path) -> str:
     return kind
 
 
+def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages (/proc/loadavg), or "unknown"."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every measure, print the table, write the JSON results."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
@@ -287,7 +297,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, help="samples for every measure")
     parser.add_argument("--keep", action="store_true", help="keep the temporary roots")
     parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON results file")
+    parser.add_argument(
+        "--only",
+        help=f"comma-separated measures to run, of {', '.join(MEASURES)} (default: all)",
+    )
     args = parser.parse_args(argv)
+    only = set(MEASURES) if args.only is None else set(args.only.split(","))
+    if not only <= set(MEASURES):
+        parser.error(f"--only: unknown measure(s) {', '.join(sorted(only - set(MEASURES)))}")
     counts = (
         {"intake": 50, "crash": 5, "stall": 3, "recovery": 2, "worker": 2}
         if args.quick
@@ -297,19 +314,29 @@ def main(argv: list[str] | None = None) -> int:
         counts = dict.fromkeys(counts, args.samples)
     base = Path(tempfile.mkdtemp(prefix="jw-bench-"))
     measures: list[Measure] = []
-    began = time.monotonic()
+    began, load_before = time.monotonic(), loadavg()
     try:
         warm_cache = private_dir(base / "cache-warm")
         print("warming the compilation cache ...", flush=True)
         worker_sample(base, "prewarm", warm_cache)
-        steps: list[tuple[str, Callable[[], list[Measure]]]] = [
-            ("standalone worker start", lambda: bench_worker(base, warm_cache, counts["worker"])),
-            ("intake", lambda: bench_intake(base, warm_cache, counts["intake"])),
-            ("worker exit -> incident", lambda: bench_crash(base, warm_cache, counts["crash"])),
-            ("stall overshoot", lambda: bench_stall(base, warm_cache, counts["stall"])),
-            ("recovery", lambda: bench_recovery(base, warm_cache, counts["recovery"])),
+        steps: list[tuple[str, str, Callable[[], list[Measure]]]] = [
+            (
+                "worker",
+                "standalone worker start",
+                lambda: bench_worker(base, warm_cache, counts["worker"]),
+            ),
+            ("intake", "intake", lambda: bench_intake(base, warm_cache, counts["intake"])),
+            (
+                "crash",
+                "worker exit -> incident",
+                lambda: bench_crash(base, warm_cache, counts["crash"]),
+            ),
+            ("stall", "stall overshoot", lambda: bench_stall(base, warm_cache, counts["stall"])),
+            ("recovery", "recovery", lambda: bench_recovery(base, warm_cache, counts["recovery"])),
         ]
-        for title, step in steps:
+        for key, title, step in steps:
+            if key not in only:
+                continue
             print(f"{title} ...", flush=True)
             measures += step()
     finally:
@@ -334,13 +361,14 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 "    " + "  ".join(f"{k.removesuffix('_s')} {fmt(v)}" for k, v in breakdown.items())
             )
-    print(f"roots on {fs}; rescan interval {RESCAN_INTERVAL_S:g} s")
+    print(f"roots on {fs}; rescan interval {RESCAN_INTERVAL_S:g} s; load average {loadavg()}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "benchmark": "daemon",
         "created": time.time(),
         "duration_s": time.monotonic() - began,
-        "counts": counts,
+        "counts": {k: v for k, v in counts.items() if k in only},
+        "loadavg": {"before": load_before, "after": loadavg()},
         "platform": {
             "python": platform.python_version(),
             "jax": metadata.version("jax"),

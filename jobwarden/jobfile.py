@@ -30,7 +30,7 @@ from jobwarden.program import (
     workdir_problems,
 )
 from jobwarden.sections import SlurmSection, SupervisionSection
-from jobwarden.tasks import Task, TrainFields, broken_tasks, known_tasks
+from jobwarden.tasks import BUILTIN, Task, TrainFields, broken_tasks, known_tasks, task_class
 
 MAX_JOB_FILE_BYTES = 256 * 1024
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -162,7 +162,10 @@ class Job:
         command job, which has none."""
         if self.task is None:
             raise JobFileError(self.id, ["task: a command job runs its own program, not a task"])
-        return known_tasks()[self.task](self.train)
+        task = task_class(self.task)
+        if task is None:
+            raise JobFileError(self.id, [f"task: unknown task {self.task!r}"])
+        return task(self.train)
 
     def without_faults(self) -> Job:
         """The job as a recovery attempt runs it: faults off unless they apply to every attempt."""
@@ -260,7 +263,8 @@ def job_from_mapping(
     except ValidationError as error:
         problems.extend(_problems(error))
     task_name = document.get("task")
-    tasks = known_tasks()
+    builtin = isinstance(task_name, str) and task_name in BUILTIN
+    tasks = dict(BUILTIN) if builtin else known_tasks()  # no plugin shadows a built-in
     task_cls = tasks.get(task_name) if isinstance(task_name, str) else None
     broken = broken_tasks() if isinstance(task_name, str) and task_cls is None else {}
     if isinstance(task_name, str) and task_name in broken:

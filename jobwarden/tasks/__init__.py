@@ -48,5 +48,6 @@ def _scan() -> tuple[dict[str, type[Task]], dict[str, str]]:
 
 
 def task_class(name: str) -> type[Task] | None:
-    """The task class registered as ``name``, or None."""
-    return known_tasks().get(name)
+    """The task class registered as ``name``, or None.  A built-in name is answered without
+    reading the entry points (no plugin can shadow a built-in)."""
+    return BUILTIN.get(name) or known_tasks().get(name)

@@ -14,6 +14,7 @@ in test_supervisor_stops.py.
 from __future__ import annotations
 
 import errno
+import os
 import signal
 from dataclasses import replace
 from pathlib import Path
@@ -95,6 +96,27 @@ def test_exit_zero_without_a_completed_event_is_a_crash(tmp_path: Path) -> None:
         await rig.until_settled("early")
         assert record.state is S.FAILED
         assert [i["kind"] for i in rig.incident_records("early")] == [K.CRASH.value]
+
+    play(tmp_path, scenario)
+
+
+def test_an_ended_attempt_keeps_its_exit_and_phases_before_its_outcome(tmp_path: Path) -> None:
+    """exit.json and phases.json, written together off the loop, are both in the attempt's
+    folder when its outcome is applied (the crash's incident written, the job failed)."""
+    seen: list[list[str]] = []
+
+    async def scenario(rig: Rig) -> None:
+        record = rig.submit("kept", supervision={"max_restarts": 0})
+        work = rig.worker(record)
+        rig.launcher.plan("kept", [*work.start(), *work.updates(1, 2), Exit(1)])
+        rig.incidents.listeners.append(
+            lambda incident, _: seen.append(sorted(os.listdir(rig.root.attempt("kept", 1))))
+        )
+        await rig.launched(record)
+        await rig.until_settled("kept")
+        assert record.state is S.FAILED
+        assert {"exit.json", "phases.json"} <= set(seen[0])
+        assert rig.exit_record("kept", 1)["exit_status"] == 1
 
     play(tmp_path, scenario)
 

@@ -400,9 +400,9 @@ def test_a_job_that_settles_during_a_recovery_leaves_no_incident_open(
 
 
 def ended(rig: Rig, job_id: str) -> bool:
-    """Whether the end of the job's first attempt is handled (exit.json is written in the
-    same step as the outcome is applied)."""
-    return (rig.root.attempt(job_id, 1) / "exit.json").exists()
+    """Whether the end of the job's first attempt is handled: its exit.json written (off the
+    loop), then its outcome applied (here, the job at rest)."""
+    return (rig.root.attempt(job_id, 1) / "exit.json").exists() and job_id in rig.settled
 
 
 def test_a_stop_during_a_stall_preempts_the_job(

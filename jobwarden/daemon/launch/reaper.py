@@ -25,10 +25,12 @@ comes to the daemon a zombie when the program exits.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import structlog
@@ -73,13 +75,30 @@ def become_subreaper() -> bool:
 
 def _candidates() -> list[psutil.Process]:
     if become_subreaper():
-        try:
-            return list(psutil.Process().children())
-        except psutil.Error:
-            return []
+        found = []
+        for pid in children_of_this_process():
+            with contextlib.suppress(psutil.Error):
+                found.append(psutil.Process(pid))
+        return found
     uid = os.getuid()
     procs = psutil.process_iter(["uids"])
     return [p for p in procs if p.info["uids"] is not None and p.info["uids"].real == uid]
+
+
+def children_of_this_process() -> list[int]:
+    """The pids of this process's children, from each of its threads' ``children`` file in
+    /proc (a few small reads, where psutil reads the status of every process on the box);
+    psutil's scan where the kernel has no such files."""
+    if not Path(f"/proc/self/task/{os.getpid()}/children").exists():
+        try:
+            return [child.pid for child in psutil.Process().children()]
+        except psutil.Error:
+            return []
+    pids: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError, ValueError):  # a thread that ended while listed
+            pids.update(int(pid) for pid in (task / "children").read_text().split())
+    return sorted(pids)
 
 
 def strays(folders: set[str]) -> list[psutil.Process]:
@@ -149,13 +168,10 @@ def reap_orphans() -> int:
     except ChildProcessError:
         return 0
     reaped = 0
-    try:
-        children = psutil.Process().children()
-    except psutil.Error:
-        return 0
     young = None if CHILDREN.settled else time.time() - ORPHAN_GRACE_S
-    for child in children:
+    for pid in children_of_this_process():
         try:
+            child = psutil.Process(pid)
             if child.pid in CHILDREN.own or child.status() != psutil.STATUS_ZOMBIE:
                 continue
             if young is not None and child.create_time() > young:

@@ -159,6 +159,8 @@ class Attempt:
     """The newest psutil sample of the attempt (the job record's is cleared when it ends)."""
     malformed: MalformedLines | None = None
     """Its malformed event lines, as the daemon's log is told of them (made at the first)."""
+    exit_files: dict[str, str] = field(default_factory=dict)
+    """What its folder keeps of its end (exit.json, its phases), by name, once it has ended."""
 
     @property
     def folder(self) -> Path:

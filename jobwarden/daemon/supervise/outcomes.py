@@ -7,9 +7,12 @@ in the state its outcome names.
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -17,6 +20,7 @@ import structlog
 from jobwarden.daemon.background import off_loop
 from jobwarden.daemon.incidents.records import Incident
 from jobwarden.daemon.launch.base import ExitInfo
+from jobwarden.daemon.store import evidence
 from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.supervise import diagnosis, plain, policy, verification
 from jobwarden.daemon.supervise.attempt import Attempt
@@ -234,6 +238,29 @@ def escalate_mismatch(
     """A replayed state differed: the recovery's own incident is escalated."""
     s.incidents.conclude(incident, "escalated", verification.MISMATCH_OUTCOME, "incident.escalated")
     s.table.transition(record, S.ESCALATED, outcome.reason, incident=incident.id)
+
+
+def exit_text(attempt: Attempt, info: ExitInfo, refusal: UnsafePathError | None) -> str:
+    """The text of an ended attempt's exit.json."""
+    record = {**info.as_record(), "stopped_by": attempt.stop_reason, "ended": time.time()}
+    if attempt.superseded is not None:  # a stall's stop, say, that an operator's overtook
+        record["superseded"] = attempt.superseded
+    if refusal is not None:
+        record["stopped_by"] = f"unsafe path {refusal.path}"
+    return json.dumps(record, indent=2) + "\n"
+
+
+async def keep_exit(folder: Path, files: dict[str, str]) -> None:
+    """Keep an ended attempt's evidence ``files`` (name: text) in its ``folder``, each
+    atomically and all at once, off the loop: their fsyncs overlap, and the loop answers
+    meanwhile.  A failure to write is logged (`evidence.keep`, or here); raises the first
+    `UnsafePathError` once every write is done."""
+    kept = [off_loop(evidence.keep, folder / name, text) for name, text in files.items()]
+    for found in await asyncio.gather(*kept, return_exceptions=True):
+        if isinstance(found, UnsafePathError):
+            raise found
+        if isinstance(found, BaseException):
+            log.error("evidence.keep_failed", folder=str(folder), error=repr(found))
 
 
 def failure(

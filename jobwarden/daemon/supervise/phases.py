@@ -185,8 +185,12 @@ def from_record(record: Mapping[str, Any]) -> Durations:
 
 def save(folder: Path, durations: Durations) -> None:
     """Keep an ended attempt's durations in its folder (atomically; a failure is logged)."""
-    document = {"schema": SCHEMA, "phases": durations.as_record()}
-    evidence.keep(folder / PHASES_FILE, json.dumps(document, indent=2) + "\n")
+    evidence.keep(folder / PHASES_FILE, saved_text(durations))
+
+
+def saved_text(durations: Durations) -> str:
+    """The text `save` keeps of an attempt's durations."""
+    return json.dumps({"schema": SCHEMA, "phases": durations.as_record()}, indent=2) + "\n"
 
 
 def load(folder: Path) -> Durations | None:

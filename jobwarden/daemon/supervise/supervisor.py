@@ -24,7 +24,6 @@ import structlog
 from jobwarden import testfaults
 from jobwarden.daemon.incidents.records import Incident
 from jobwarden.daemon.launch.base import ExitInfo, LauncherError, RunningAttempt
-from jobwarden.daemon.store import evidence
 from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.supervise import adoption, diagnosis, outcomes, phases, policy
 from jobwarden.daemon.supervise import stallevidence as stalled
@@ -162,6 +161,12 @@ class JobSupervisor:
             lambda e: self._guarded(self._on_event, attempt, e),
             lambda m: self._guarded(self._on_malformed, attempt, m),
         )
+        self._guarded(self._ending, attempt, info)
+        try:  # exit.json and the phases at once, off the loop, before the outcome
+            await outcomes.keep_exit(attempt.folder, attempt.exit_files)
+        except UnsafePathError as error:
+            self.refuse_unsafe(error)
+            return
         self._guarded(self._ended, attempt, info)
 
     def _guarded(
@@ -294,21 +299,19 @@ class JobSupervisor:
 
     # ---- ends
 
-    def _ended(self, attempt: Attempt, info: ExitInfo) -> None:
-        record = self.record
+    def _ending(self, attempt: Attempt, info: ExitInfo) -> None:
+        """The attempt is over: let go of it, and say what its folder keeps of its end."""
         self._phases_ended(attempt)
         if attempt.heartbeat is not None:
             attempt.heartbeat.cancel()
         if attempt.malformed is not None:
             attempt.malformed.flush()
         self.attempt = None
-        record.pid, record.sample = None, {}  # the attempt keeps its last sample as evidence
-        exit_record = {**info.as_record(), "stopped_by": attempt.stop_reason, "ended": time.time()}
-        if attempt.superseded is not None:  # a stall's stop, say, that an operator's overtook
-            exit_record["superseded"] = attempt.superseded
-        if self.refusal is not None:
-            exit_record["stopped_by"] = f"unsafe path {self.refusal.path}"
-        evidence.keep(attempt.folder / "exit.json", json.dumps(exit_record, indent=2) + "\n")
+        self.record.pid, self.record.sample = None, {}  # the attempt keeps its last sample
+        attempt.exit_files["exit.json"] = outcomes.exit_text(attempt, info, self.refusal)
+
+    def _ended(self, attempt: Attempt, info: ExitInfo) -> None:
+        record = self.record
         log.info(
             "attempt.exited",
             job=record.id,
@@ -329,7 +332,7 @@ class JobSupervisor:
         seen = attempt.stall.ended()
         if self.phases is not None and attempt.record.job.emits_events:
             self.phases.merge(seen)
-            phases.save(attempt.folder, seen)
+            attempt.exit_files[phases.PHASES_FILE] = phases.saved_text(seen)
 
     def apply(
         self, outcome: Outcome, attempt: Attempt | None = None, info: ExitInfo | None = None
