@@ -94,7 +94,7 @@ def expected_for(leaves: list[tuple[str, Any]], generation: int) -> Any:
     return Expected("bench", {}, "c", "d", "s", {}, leaf_specs(leaves), 1 << 30, generation)
 
 
-def hashes(bench: Bench, repeat: int) -> Timed:
+def hashes(bench: Bench) -> dict[str, Callable[[], object]]:
     """The combined hash of the laid-out state, and the hash of the same state gathered
     whole into every member first (`StateHasher` over the gathered copy)."""
     from jax.experimental import multihost_utils
@@ -111,138 +111,135 @@ def hashes(bench: Bench, repeat: int) -> Timed:
         whole = np.asarray(multihost_utils.process_allgather(placed, tiled=True))
         plain([("key", bench.whole["key"]), ("params/w", whole)], 1)
 
-    return {
-        "hash_combined": bench.timed(lambda: combined(bench.leaves, 1), repeat),
-        "hash_gathered": bench.timed(gathered, repeat),
-    }
+    return {"hash_combined": lambda: combined(bench.leaves, 1), "hash_gathered": gathered}
 
 
-def sharded(bench: Bench, repeat: int) -> Timed:
+class Sharded:
     """`ShardCommitter.commit` (keep 1) and `open_sharded` (choose, read, check, place,
     prove the combined hash) of the laid-out state."""
-    from jobwarden.checkpoint.store import CheckpointStore
-    from jobwarden.events import Emitter
-    from jobwarden.sdk.leaves import Flattener
-    from jobwarden.shards.attach import Place, open_sharded
-    from jobwarden.shards.hash import ShardedStateHasher, layout_of
 
-    directory = bench.directory("sharded")
-    member = bench.member
-    store = CheckpointStore(directory) if member.writes else None
-    sink = open("/dev/null", "w")  # noqa: SIM115 - the events are not the measure
-    flatten = Flattener()
+    def __init__(self, bench: Bench) -> None:
+        from jobwarden.checkpoint.store import CheckpointStore
+        from jobwarden.events import Emitter
+        from jobwarden.sdk.leaves import Flattener
+        from jobwarden.shards.hash import ShardedStateHasher, layout_of
 
-    def opened() -> Any:
-        place = Place(directory, member, store, None, Emitter(sink), keep=1)
-        return open_sharded(bench.state, flatten, expected_for, place)
+        self.bench = bench
+        self.directory = bench.directory("sharded")
+        member = bench.member
+        self.store = CheckpointStore(self.directory) if member.writes else None
+        self.emitter = Emitter(open("/dev/null", "w"))  # noqa: SIM115 - not the measure
+        self.flatten = Flattener()
+        self.committer = self.opened().committer
+        self.hasher = ShardedStateHasher(member.allgather, layout_of(bench.leaves), member.index)
 
-    committer = opened().committer
-    hasher = ShardedStateHasher(member.allgather, layout_of(bench.leaves), member.index)
-    steps = iter(range(1, repeat + 1))
+    def opened(self) -> Any:
+        """The restore a sharded run makes (`open_sharded`)."""
+        from jobwarden.shards.attach import Place, open_sharded
 
-    def commit() -> None:
-        step = next(steps)
-        digest, parts = hasher(bench.leaves, step)
-        bench.together()  # the hash is not the commit's: start the clock again
-        began = time.perf_counter()
-        committer.commit(step, manifest_for(bench.leaves, step, digest, parts), bench.leaves, None)
-        seconds.append(time.perf_counter() - began)
+        place = Place(self.directory, self.bench.member, self.store, None, self.emitter, keep=1)
+        return open_sharded(self.bench.state, self.flatten, expected_for, place)
 
-    seconds: list[float] = []
-    for _ in range(repeat):
-        commit()
-    restores = bench.timed(lambda: _restored(opened()), repeat)
-    sink.close()
-    return {"sharded_commit": seconds, "sharded_restore": restores}
+    def prepare(self, step: int) -> Callable[[], object]:
+        """The commit of ``step``, its hash made beforehand (a run hashes at its progress)."""
+        leaves = self.bench.leaves
+        digest, parts = self.hasher(leaves, step)
+        manifest = manifest_for(leaves, step, digest, parts)
+        return lambda: self.committer.commit(step, manifest, leaves, None)
 
-
-def _restored(opened: Any) -> None:
-    if opened.state is None:
-        raise RuntimeError("the sharded restore found no step")
-    opened.state["params"]["w"].block_until_ready()
+    def restore(self) -> None:
+        """Restore the newest step and wait for its array."""
+        opened = self.opened()
+        if opened.state is None:
+            raise RuntimeError("the sharded restore found no step")
+        opened.state["params"]["w"].block_until_ready()
 
 
-def replicated(bench: Bench, repeat: int) -> Timed:
+class Replicated:
     """The same state replicated in every member, as a replicated job commits it: the
     members' hashes agree (`Membership.agree`), then member 0 writes the one file
     (`Committer`, keep 1); restored as such a job restores: member 0 selects and reads it
     (`CheckpointStore.select`), and every member gets its values (`Membership.share_start`)."""
-    from jobwarden.checkpoint.store import CheckpointStore
-    from jobwarden.events import Emitter
-    from jobwarden.hashing import StateHasher
-    from jobwarden.sdk.commits import Committer
 
-    directory = bench.directory("replicated")
-    member = bench.member
-    leaves = list(bench.whole.items())
-    store = CheckpointStore(directory)
-    sink = open("/dev/null", "w")  # noqa: SIM115 - the events are not the measure
-    committer = Committer(store, Emitter(sink), keep=1, background=False)
-    hasher = StateHasher()
-    seconds: list[float] = []
-    for step in range(1, repeat + 1):
-        digest, parts = hasher(leaves, step)
-        bench.together()
-        began = time.perf_counter()
-        member.agree(step, digest)
-        if member.writes:
-            committer.commit(step, manifest_for(leaves, step, digest, parts), leaves, None)
-        seconds.append(time.perf_counter() - began)
-    expected = expected_for(leaves, 0)
+    def __init__(self, bench: Bench) -> None:
+        from jobwarden.checkpoint.store import CheckpointStore
+        from jobwarden.events import Emitter
+        from jobwarden.hashing import StateHasher
+        from jobwarden.sdk.commits import Committer
 
-    def restore() -> None:
-        step, values = 0, [value for _, value in leaves]
-        if member.writes:
-            chosen = store.select(expected).checkpoint
+        self.member = bench.member
+        self.leaves = list(bench.whole.items())
+        self.store = CheckpointStore(bench.directory("replicated"))
+        sink = open("/dev/null", "w")  # noqa: SIM115 - the events are not the measure
+        self.committer = Committer(self.store, Emitter(sink), keep=1, background=False)
+        self.hasher = StateHasher()
+        self.expected = expected_for(self.leaves, 0)
+
+    def prepare(self, step: int) -> Callable[[], object]:
+        """The commit of ``step``, its hash made beforehand."""
+        digest, parts = self.hasher(self.leaves, step)
+        manifest = manifest_for(self.leaves, step, digest, parts)
+
+        def commit() -> None:
+            self.member.agree(step, digest)
+            if self.member.writes:
+                self.committer.commit(step, manifest, self.leaves, None)
+
+        return commit
+
+    def restore(self) -> None:
+        """Member 0 reads the newest file; every member gets its step and values."""
+        step, values = 0, [value for _, value in self.leaves]
+        if self.member.writes:
+            chosen = self.store.select(self.expected).checkpoint
             if chosen is None:
                 raise RuntimeError("the replicated restore found no checkpoint")
-            step, values = chosen.manifest.step, [chosen.arrays[path] for path, _ in leaves]
-        member.share_start(step, values)
-
-    restores = bench.timed(restore, repeat)
-    sink.close()
-    return {"replicated_commit": seconds, "replicated_restore": restores}
+            step, values = chosen.manifest.step, [chosen.arrays[p] for p, _ in self.leaves]
+        self.member.share_start(step, values)
 
 
-def orbax(bench: Bench, repeat: int) -> Timed:
+class Orbax:
     """Orbax's own sharded save (`StandardCheckpointer`, every member writing its shards,
-    timed until `wait_until_finished`) and restore onto the same sharding; then the fsync
-    of every file and folder it wrote (Orbax has none), timed apart."""
-    import jax
-    import orbax.checkpoint as ocp
+    timed until `wait_until_finished`) and restore onto the same sharding.  Orbax does not
+    fsync: `fsync` times member 0 syncing every file and folder it wrote.  Its retention
+    (the older step's folder removed) is left out of the timing."""
 
-    directory = bench.directory("orbax")
-    tree = {"key": bench.whole["key"], "params": {"w": bench.leaves[1][1]}}
-    checkpointer = ocp.StandardCheckpointer()
-    saves: list[float] = []
-    syncs: list[float] = []
-    for step in range(1, repeat + 1):
-        bench.together()
-        began = time.perf_counter()
-        checkpointer.save(directory / str(step), tree)
-        checkpointer.wait_until_finished()
-        saves.append(time.perf_counter() - began)
-        bench.together()
-        began = time.perf_counter()
-        if bench.member.writes:
-            _fsync_tree(directory / str(step))
-        bench.together()
-        syncs.append(time.perf_counter() - began)
-        if bench.member.writes and step > 1:
-            shutil.rmtree(directory / str(step - 1))  # retention, left out of the timing
-    w = tree["params"]["w"]
-    target = {
-        "key": jax.ShapeDtypeStruct((2,), np.uint32),
-        "params": {"w": jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=bench.sharding)},
-    }
+    def __init__(self, bench: Bench) -> None:
+        import jax
+        import orbax.checkpoint as ocp
 
-    def restore() -> None:
-        back = checkpointer.restore(directory / str(repeat), target)
+        self.bench = bench
+        self.directory = bench.directory("orbax")
+        w = bench.leaves[1][1]
+        self.tree = {"key": bench.whole["key"], "params": {"w": w}}
+        self.checkpointer = ocp.StandardCheckpointer()
+        self.target = {
+            "key": jax.ShapeDtypeStruct((2,), np.uint32),
+            "params": {"w": jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=bench.sharding)},
+        }
+        self.step = 0
+
+    def prepare(self, step: int) -> Callable[[], object]:
+        """The save of ``step``, the older one removed first (untimed)."""
+        if self.bench.member.writes and self.step:
+            shutil.rmtree(self.directory / str(self.step))
+        self.step = step
+
+        def save() -> None:
+            self.checkpointer.save(self.directory / str(step), self.tree)
+            self.checkpointer.wait_until_finished()
+
+        return save
+
+    def fsync(self) -> None:
+        """Member 0 fsyncs every file and folder of the newest step."""
+        if self.bench.member.writes:
+            _fsync_tree(self.directory / str(self.step))
+
+    def restore(self) -> None:
+        """Restore the newest step onto the same sharding and wait for its array."""
+        back = self.checkpointer.restore(self.directory / str(self.step), self.target)
         back["params"]["w"].block_until_ready()
-
-    restores = bench.timed(restore, repeat)
-    checkpointer.close()
-    return {"orbax_save": saves, "orbax_fsync": syncs, "orbax_restore": restores}
 
 
 def _fsync_tree(root: Path) -> None:
@@ -258,14 +255,25 @@ def _fsync_tree(root: Path) -> None:
 
 
 def member(index: int, members: int, port: int, *, mib: int, repeat: int, folder: Path) -> None:
-    """One member: every measure in turn; its seconds as one JSON line on stdout."""
+    """One member: every measure, the three ways side by side in each repeat; its seconds
+    as one JSON line on stdout."""
     import jax
 
     bench = Bench(index, members, port, mib, folder)
+    ways = {"sharded": Sharded(bench), "replicated": Replicated(bench), "orbax": Orbax(bench)}
     found: Timed = {}
-    for measure in (hashes, sharded, replicated, orbax):
-        found.update(measure(bench, repeat))
-        bench.together()
+    for step in range(1, repeat + 1):
+        for name, way in ways.items():
+            work = way.prepare(step)
+            label = "orbax_save" if name == "orbax" else f"{name}_commit"
+            found.setdefault(label, []).extend(bench.timed(work, 1))
+        found.setdefault("orbax_fsync", []).extend(bench.timed(ways["orbax"].fsync, 1))
+    for _ in range(repeat):
+        for name, way in ways.items():
+            found.setdefault(f"{name}_restore", []).extend(bench.timed(way.restore, 1))
+        for name, work in hashes(bench).items():
+            found.setdefault(name, []).extend(bench.timed(work, 1))
+    ways["orbax"].checkpointer.close()  # type: ignore[attr-defined]
     sys.stdout.write(json.dumps(found) + "\n")
     sys.stdout.flush()
     jax.distributed.shutdown()

@@ -9,14 +9,18 @@ rename, fsync dir        (fenced first)
                                             all present, hashes equal?
                                             write ckpt-k.commit.json (pending, fsync,
                                             rename, fsync dir): step k is complete
-                                            retention (a step at a time, record first)
+                                            the records of the steps retention drops
+   \____ all-gather: the record is durable ____/
+remove my own shard files of the dropped steps
                                             emit checkpoint(k)
 ```
 
 A member killed before the gather leaves shard files without a record: the others fail in
 the gather (or are stopped) and the step is never selected.  Member 0 killed before the
-record's rename: the same.  After it, the step is complete.  So a crash at any instant
-leaves the previous complete step or the new one, never a mixture.
+record's rename: the same.  After it, the step is complete.  Retention removes a dropped
+step's record first (member 0), and only after the second gather its shard files, each
+member its own, in parallel: a step whose shards are going has no record.  So a crash at
+any instant leaves the previous complete step or the new one, never a mixture.
 """
 
 from __future__ import annotations
@@ -154,14 +158,18 @@ class ShardCommitter:
                 )
             shards.append(MemberShard(parts[0], parts[1], int(parts[2])))
         self.committed = step
-        if self.emitter is None:
-            return  # member 0 writes the record
-        record = CommitRecord(manifest, group.devices, group.layout, tuple(shards))
-        self.last_record = path = group.files.write_record(record, record_hook or _record_fault)
-        testfaults.crash_if(Fault.CRASH_AFTER_RECORD, step)
-        group.files.retain(self.keep)
-        if not report:
+        if self.emitter is not None:  # member 0 writes the record
+            record = CommitRecord(manifest, group.devices, group.layout, tuple(shards))
+            self.last_record = group.files.write_record(record, record_hook or _record_fault)
+            testfaults.crash_if(Fault.CRASH_AFTER_RECORD, step)
+            group.files.retain_records(self.keep)
+        # Every member learns that the record is durable and the dropped steps' records are
+        # gone; each then removes its own shards of those steps, all at once.
+        group.exchange("")
+        group.files.retain_shards()
+        if self.emitter is None or not report:
             return
+        path = self.last_record
         seconds = time.perf_counter() - began
         self.emitter.emit(
             "checkpoint",
