@@ -3,8 +3,9 @@ three ways, each timed from a common start (a gather every member joins).
 
 The state is one float32 matrix of ``mib`` MiB split on its rows over a mesh of one CPU
 device per member, and a small key every member holds a copy of.  Each member prints one
-JSON line: for every measure, its own seconds per repeat; `bench/sharded.py` takes the
-slowest member of each repeat (the job waits for it) and the median over repeats.
+JSON line: for every measure, its own seconds per repeat (after one repeat that warms it up
+and is not kept); `bench/sharded.py` takes the slowest member of each repeat (the job waits
+for it) and the median over repeats.
 """
 
 from __future__ import annotations
@@ -262,17 +263,19 @@ def member(index: int, members: int, port: int, *, mib: int, repeat: int, folder
     bench = Bench(index, members, port, mib, folder)
     ways = {"sharded": Sharded(bench), "replicated": Replicated(bench), "orbax": Orbax(bench)}
     found: Timed = {}
-    for step in range(1, repeat + 1):
+    for step in range(repeat + 1):  # step 0 warms every way up and is not kept
         for name, way in ways.items():
-            work = way.prepare(step)
+            work = way.prepare(step + 1)
             label = "orbax_save" if name == "orbax" else f"{name}_commit"
             found.setdefault(label, []).extend(bench.timed(work, 1))
         found.setdefault("orbax_fsync", []).extend(bench.timed(ways["orbax"].fsync, 1))
-    for _ in range(repeat):
+    hashers = hashes(bench)
+    for _ in range(repeat + 1):
         for name, way in ways.items():
             found.setdefault(f"{name}_restore", []).extend(bench.timed(way.restore, 1))
-        for name, work in hashes(bench).items():
+        for name, work in hashers.items():
             found.setdefault(name, []).extend(bench.timed(work, 1))
+    found = {name: seconds[1:] for name, seconds in found.items()}
     ways["orbax"].checkpointer.close()  # type: ignore[attr-defined]
     sys.stdout.write(json.dumps(found) + "\n")
     sys.stdout.flush()
