@@ -269,6 +269,7 @@ def member(index: int, members: int, port: int, *, mib: int, repeat: int, folder
             label = "orbax_save" if name == "orbax" else f"{name}_commit"
             found.setdefault(label, []).extend(bench.timed(work, 1))
         found.setdefault("orbax_fsync", []).extend(bench.timed(ways["orbax"].fsync, 1))
+    ways["sharded"].committer.settle()  # type: ignore[attr-defined]
     hashers = hashes(bench)
     for _ in range(repeat + 1):
         for name, way in ways.items():

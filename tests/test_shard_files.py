@@ -4,6 +4,8 @@ only its own shard files."""
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,8 @@ import pytest
 from jobwarden.checkpoint import format
 from jobwarden.checkpoint.lock import open_directory
 from jobwarden.checkpoint.shardrecord import record_name, shard_name
+from jobwarden.events import Emitter
+from jobwarden.shards.commit import Group, ShardCommitter
 from jobwarden.shards.files import ShardFiles
 from jobwarden.shards.write import CHUNK, write_shard_file
 
@@ -135,6 +139,24 @@ class TestOnePassWrite:
         with open_directory(tmp_path) as handle, pytest.raises(TypeError):
             write_shard_file(handle, "s.safetensors", fake_manifest(pieces), broken, skip)
         assert set() == names(tmp_path)
+
+
+class TestCommitterRetention:
+    def test_the_dropped_steps_shards_are_gone_once_settled(self, tmp_path: Path) -> None:
+        """One member, keep 1: after three commits and `settle`, only step 3's files remain
+        and no removal thread is left running."""
+        leaves = [("w", np.arange(8.0))]
+        one = ShardFiles(tmp_path, 0, 1, lambda: None)
+        group = Group(0, (1,), {}, {}, lambda rows: rows[None], one)
+        with (tmp_path / "events").open("w") as stream:
+            committer = ShardCommitter(group, Emitter(stream), keep=1)
+            for step in (1, 2, 3):
+                manifest = dataclasses.replace(fake_manifest(leaves), step=step)
+                committer.commit(step, manifest, leaves, None)
+            committer.settle()
+        running = [t.name for t in threading.enumerate() if t.name == "shard-retention"]
+        expected = {"events", record_name(3), shard_name(3, 0, 1)}
+        assert (expected, []) == (names(tmp_path), running)
 
 
 def fake_manifest(pieces: list[tuple[str, np.ndarray]]) -> format.Manifest:
