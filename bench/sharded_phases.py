@@ -5,8 +5,9 @@ one that warms up and is not kept) with the real committer, whose phases are tim
 wrapping what it calls: the shard written and checksummed (`write_shard_file` less its
 fsyncs and rename), the shard's fsync, its rename and the directory's fsync, the gather of
 the members' reports, member 0's record (written durably), the removal of the dropped
-records, the second gather, and each member's removal of its own shard files.  Prints one
-row per member, medians in milliseconds, and the load average.
+records, the second gather, and each member's removal of its own shard files (on a thread
+of its own, after the commit has returned: waited for before the next commit, untimed).
+Prints one row per member, medians in milliseconds, and the load average.
 
     .venv/bin/python bench/sharded_phases.py [--mib 256] [--members 2] [--repeat 5]
 """
@@ -93,6 +94,7 @@ def member(index: int, members: int, port: int, *, mib: int, repeat: int, folder
         spent.clear()
         gathers[0] = 0
         (spent["commit"],) = bench.timed(work, 1)
+        way.committer.settle()  # the removal runs on its thread, outside the commit's time
         phases = dict(spent)
         syncs = sum(phases.get(p, 0.0) for p in ("fsync shard", "rename", "fsync dir"))
         phases["write+checksum"] = phases.pop("shard", 0.0) - syncs
