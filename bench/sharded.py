@@ -21,7 +21,8 @@ copy of.  In one run, on the same disk, each member times (`bench/sharded_member
   into every member and hashing it (`StateHasher`).
 
 Every repeat starts together; a repeat's time is its slowest member's (the job waits for
-it), and the figure is the median of ``--repeat``.  This machine is shared: the load
+it), and the figure is the median of ``--repeat``; a ratio is taken within each repeat
+(the two ways timed seconds apart) and its median given.  This machine is shared: the load
 average is printed and recorded.  Writes bench/results/sharded.json.
 
     .venv/bin/python bench/sharded.py [--mib 256] [--repeat 5]
@@ -54,10 +55,21 @@ MEASURES = (
     "hash_gathered",
 )
 SIZES = (2, 4)
+PAIRS = (
+    ("sharded_commit", "replicated_commit"),
+    ("sharded_commit", "orbax_save"),
+    ("sharded_restore", "replicated_restore"),
+    ("sharded_restore", "orbax_restore"),
+    ("hash_combined", "hash_gathered"),
+)
+"""ratios taken within each repeat (seconds apart), then their median"""
 
 
-def group(members: int, mib: int, repeat: int, folder: Path) -> dict[str, float]:
-    """The median over repeats of each measure's slowest member, in a job of ``members``."""
+def group(
+    members: int, mib: int, repeat: int, folder: Path
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """In a job of ``members``: the median over repeats of each measure's slowest member and
+    of each ratio of `PAIRS` (``"a/b"``), and the slowest member's seconds per repeat."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -76,10 +88,12 @@ def group(members: int, mib: int, repeat: int, folder: Path) -> dict[str, float]
     if any(p.returncode for p in procs):
         raise SystemExit(f"a member failed: exit statuses {[p.returncode for p in procs]}")
     found = [json.loads(out.strip().splitlines()[-1]) for out in outs]
-    return {
-        name: statistics.median(max(f[name][r] for f in found) for r in range(repeat))
-        for name in MEASURES
-    }
+    slowest = {name: [max(f[name][r] for f in found) for r in range(repeat)] for name in MEASURES}
+    medians = {name: statistics.median(seconds) for name, seconds in slowest.items()}
+    for a, b in PAIRS:
+        pairs = zip(slowest[a], slowest[b], strict=True)
+        medians[f"{a}/{b}"] = statistics.median(x / y for x, y in pairs)
+    return medians, slowest
 
 
 def below(name: str, value: float, limit: float) -> Figure:
@@ -92,7 +106,7 @@ def figures(mib: int, found: dict[int, dict[str, float]]) -> list[Figure]:
     out = []
     for n in SIZES:
         f = found[n]
-        ratio = f["sharded_commit"] / f["replicated_commit"]
+        ratio = f["sharded_commit/replicated_commit"]
         if n == 2:
             out.append(
                 Figure(
@@ -108,7 +122,7 @@ def figures(mib: int, found: dict[int, dict[str, float]]) -> list[Figure]:
         out.append(
             below(
                 f"{mib} MiB sharded commit / Orbax save, N = {n}",
-                f["sharded_commit"] / f["orbax_save"],
+                f["sharded_commit/orbax_save"],
                 1.0,
             )
         )
@@ -122,12 +136,12 @@ def figures(mib: int, found: dict[int, dict[str, float]]) -> list[Figure]:
             context(f"{mib} MiB Orbax save, N = {n}", f["orbax_save"] * 1e3, ".0f", " ms"),
             context(
                 f"{mib} MiB sharded restore / Orbax restore, N = {n}",
-                f["sharded_restore"] / f["orbax_restore"],
+                f["sharded_restore/orbax_restore"],
                 ".2f",
             ),
             context(
                 f"{mib} MiB combined hash / gathered hash, N = {n}",
-                f["hash_combined"] / f["hash_gathered"],
+                f["hash_combined/hash_gathered"],
                 ".2f",
             ),
         ]
@@ -148,9 +162,10 @@ def table(mib: int, found: dict[int, dict[str, float]]) -> str:
             ("restore", "sharded_restore", "replicated_restore", "orbax_restore"),
         )
         for what, ours, theirs, orbax in rows:
+            versus = f[f"{ours}/{theirs}"], f[f"{ours}/{orbax}"]
             lines.append(
                 f"| {what}, N = {n} | {f[ours] * 1e3:.0f} ms | {f[theirs] * 1e3:.0f} ms | "
-                f"{f[orbax] * 1e3:.0f} ms | {f[ours] / f[theirs]:.2f} | {f[ours] / f[orbax]:.2f} |"
+                f"{f[orbax] * 1e3:.0f} ms | {versus[0]:.2f} | {versus[1]:.2f} |"
             )
         lines.append(
             f"| Orbax's files fsynced after its save, N = {n} | | | "
@@ -162,7 +177,7 @@ def table(mib: int, found: dict[int, dict[str, float]]) -> str:
         f = found[n]
         lines.append(
             f"| N = {n} | {f['hash_combined'] * 1e3:.1f} ms | {f['hash_gathered'] * 1e3:.1f} ms "
-            f"| {f['hash_combined'] / f['hash_gathered']:.2f} |"
+            f"| {f['hash_combined/hash_gathered']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -187,11 +202,12 @@ def main() -> None:
         return
     loads = [load_average()]
     found: dict[int, dict[str, float]] = {}
+    slowest: dict[int, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in SIZES:
             folder = Path(tmp) / f"n{n}"
             folder.mkdir(mode=0o700)
-            found[n] = group(n, args.mib, args.repeat, folder)
+            found[n], slowest[n] = group(n, args.mib, args.repeat, folder)
             loads.append(load_average())
     print(table(args.mib, found))
     print(f"\nload average (1, 5, 15 min) before and after each N: {' | '.join(loads)}")
@@ -202,7 +218,8 @@ def main() -> None:
         "mib": args.mib,
         "repeat": args.repeat,
         "load_average": loads,
-        "medians_s": {str(n): f for n, f in found.items()},
+        "medians": {str(n): f for n, f in found.items()},
+        "slowest_member_s": {str(n): f for n, f in slowest.items()},
         "figures": records(figures(args.mib, found)),
     }
     out.write_text(json.dumps(record, indent=2) + "\n")
