@@ -255,26 +255,34 @@ def _fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
+def _turn(names: list[str], turn: int) -> list[str]:
+    """``names`` rotated by ``turn``: each way goes first, second and last in turn."""
+    first = turn % len(names)
+    return names[first:] + names[:first]
+
+
 def member(index: int, members: int, port: int, *, mib: int, repeat: int, folder: Path) -> None:
-    """One member: every measure, the three ways side by side in each repeat; its seconds
-    as one JSON line on stdout."""
+    """One member: every measure, the three ways side by side in each repeat, in an order
+    that turns from one repeat to the next; its seconds as one JSON line on stdout."""
     import jax
 
     bench = Bench(index, members, port, mib, folder)
     ways = {"sharded": Sharded(bench), "replicated": Replicated(bench), "orbax": Orbax(bench)}
     found: Timed = {}
     for step in range(repeat + 1):  # step 0 warms every way up and is not kept
-        for name, way in ways.items():
+        for name in _turn(list(ways), step):
+            way = ways[name]
             work = way.prepare(step + 1)
             label = "orbax_save" if name == "orbax" else f"{name}_commit"
             found.setdefault(label, []).extend(bench.timed(work, 1))
             if isinstance(way, Sharded):  # the removal of the dropped shards, left to its
                 way.committer.settle()  # thread, ends before the next way is timed
-        found.setdefault("orbax_fsync", []).extend(bench.timed(ways["orbax"].fsync, 1))
+            if isinstance(way, Orbax):  # Orbax's data is on disk before the next way
+                found.setdefault("orbax_fsync", []).extend(bench.timed(way.fsync, 1))
     hashers = hashes(bench)
-    for _ in range(repeat + 1):
-        for name, way in ways.items():
-            found.setdefault(f"{name}_restore", []).extend(bench.timed(way.restore, 1))
+    for turn in range(repeat + 1):
+        for name in _turn(list(ways), turn):
+            found.setdefault(f"{name}_restore", []).extend(bench.timed(ways[name].restore, 1))
         for name, work in hashers.items():
             found.setdefault(name, []).extend(bench.timed(work, 1))
     found = {name: seconds[1:] for name, seconds in found.items()}
