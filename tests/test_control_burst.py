@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import tempfile
 import threading
@@ -56,6 +57,35 @@ class TestBursts:
         """1,000 connections sending ``version`` at once: 1,000 answers, none evicted, told
         busy or closed without an answer, no broken pipe."""
         burst = burst_once(wardend.socket, 1000, VERSION_LINE)
+        assert (dict(burst.outcomes), burst.broken_pipes, dict(burst.connect_errors)) == (
+            {"ok": 1000},
+            0,
+            {},
+        )
+
+    def test_a_daemon_stopped_again_and_again_still_answers_every_raw_client(
+        self, wardend: Daemon
+    ) -> None:
+        """The same burst while the daemon is stopped for 0.2 s every 0.25 s (a loaded
+        machine, taken to its extreme): a client whose request was in its socket when its
+        slot was granted is read late, never closed to serve another; all 1,000 answered."""
+        done = threading.Event()
+
+        def stall() -> None:
+            while not done.is_set():
+                os.kill(wardend.pid, signal.SIGSTOP)
+                time.sleep(0.2)
+                os.kill(wardend.pid, signal.SIGCONT)
+                time.sleep(0.05)
+
+        staller = threading.Thread(target=stall)
+        staller.start()
+        try:
+            burst = burst_once(wardend.socket, 1000, VERSION_LINE)
+        finally:
+            done.set()
+            staller.join()
+            os.kill(wardend.pid, signal.SIGCONT)
         assert (dict(burst.outcomes), burst.broken_pipes, dict(burst.connect_errors)) == (
             {"ok": 1000},
             0,
@@ -215,3 +245,22 @@ class TestWaitingRoom:
         finally:
             for conn in made:
                 conn.close()
+
+    def test_a_slot_granted_with_its_request_in_its_socket_is_not_taken_back(self) -> None:
+        """Past GRACE_S, with a ready client waiting: a slot whose request is not read yet
+        only because the daemon is slow keeps its place; a silent one is the victim."""
+        now = [0.0]
+        rooms = admission.Admission({0}, capacity=2, room=10, clock=lambda: now[0])
+        ready, silent = rooms.take(NOBODY), rooms.take(NOBODY)
+        ready.ready = True
+        ready.writer = silent.writer = object()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            rooms.enqueue(admission.Waiter(conn, 1, NOBODY, 0.0, True))
+            now[0] = admission.GRACE_S
+            assert rooms.victim() is silent
+            rooms.release(silent)
+            rooms.take(NOBODY)  # a fresh slot, still opening: no writer yet
+            assert rooms.victim() is None
+        finally:
+            conn.close()

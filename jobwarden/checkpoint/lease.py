@@ -90,13 +90,15 @@ def read(directory: Path) -> Lease | None:
         return None
 
 
-def check(directory: Path, generation: int) -> None:
+def check(directory: Path, generation: int, *, renewing: bool = True) -> None:
     """Refuse (`LeaseLost`) unless the lease still names ``generation``: before a rename.
-    A check that holds renews the lease (`renew`): every commit is a sign of life."""
+    A check that holds renews the lease (`renew`): every commit is a sign of life.  A
+    member of a sharded job that does not hold the lease checks without renewing."""
     current = read(directory)
     if current is None or current.generation != generation:
         raise _lost(directory, generation, current, "fenced before the commit")
-    renew(directory, generation)
+    if renewing:
+        renew(directory, generation)
 
 
 def renew(directory: Path, generation: int) -> None:

@@ -19,6 +19,7 @@ instead (`jobwarden.shards`), through `Membership.allgather` and `Membership.bro
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import socket
@@ -32,6 +33,7 @@ import numpy as np
 from jobwarden.errors import IncidentKind, JobwardenError
 from jobwarden.files import write_text_atomic
 from jobwarden.jobfile import FaultSection
+from jobwarden.runtime import exit_now
 
 PROCESS_ID_ENV = "JOBWARDEN_PROCESS_ID"
 PROCESSES_ENV = "JOBWARDEN_PROCESSES"
@@ -176,6 +178,14 @@ class Membership:
                     coordinator=address,
                 ) from error
             raise
+
+    def leave(self, status: int) -> None:
+        """End this member with ``status`` when the interpreter exits, before JAX's own exit
+        handler: its `jax.distributed` shutdown waits for every member, while a member still
+        inside a collective with this one waits for it in turn, both until the stall timeout
+        (the built-in worker always ends so, `exit_now`)."""
+        if self.group:
+            atexit.register(exit_now, status)  # run first: JAX registered its handler earlier
 
     def allgather(self, rows: np.ndarray) -> np.ndarray:
         """Every member's ``rows``, stacked in member order (a collective: all call it)."""

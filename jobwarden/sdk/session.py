@@ -131,6 +131,7 @@ class Session:
         if error is not None and status is None:
             return
         if status:
+            self.member.leave(status)
             raise RunEnded(status) from None
 
     def checkpointer(self, checkpointer: Any) -> Any:

@@ -7,6 +7,7 @@ here is a collective, called by every member in the same order.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from jobwarden import statetree as state_tree
+from jobwarden.checkpoint import lease
 from jobwarden.checkpoint.errors import ChecksumMismatch, WriterFenced
 from jobwarden.checkpoint.lock import WriterLock, read_generation
 from jobwarden.checkpoint.store import CheckpointStore
@@ -97,7 +99,9 @@ class Opened:
 
 def generation_fence(directory: Path, generation: int) -> Callable[[], None]:
     """A check, before each rename, that ``writer.json`` still names the job's generation:
-    a member without the lock is fenced by the generation of the member that holds it."""
+    a member without the lock is fenced by the generation of the member that holds it,
+    and, where writers take the lease (under Slurm), by the lease as that member is."""
+    leased = lease.wanted(os.environ)
 
     def fence() -> None:
         try:
@@ -112,6 +116,8 @@ def generation_fence(directory: Path, generation: int) -> Callable[[], None]:
                 generation=generation,
                 found=current,
             )
+        if leased:
+            lease.check(directory, generation, renewing=False)
 
     return fence
 

@@ -58,6 +58,10 @@ class Slot:
     task: Any = None
     writer: Any = None
     evicted: bool = False
+    ready: bool = False
+    """Its request was in its socket when the slot was granted and has not been read yet:
+    a loaded daemon may take longer than `GRACE_S` to read it, which is not the client's
+    fault, so the slot is not taken back meanwhile."""
 
     def wait(self, phase: Phase, now: float) -> None:
         """Enter ``phase`` at ``now``."""
@@ -65,11 +69,12 @@ class Slot:
 
     def evictable(self, now: float) -> bool:
         """Whether the connection has had its chance: no request in `GRACE_S`, or its answer
-        not taken in `STUCK_S`.  One still opening (no writer yet) is never evicted."""
+        not taken in `STUCK_S`.  One still opening (no writer yet), or whose request came
+        before its slot and is not read yet, is never evicted."""
         if self.writer is None:
             return False
         if self.phase is Phase.READING:
-            return now - self.since >= GRACE_S
+            return not self.ready and now - self.since >= GRACE_S
         return self.phase is Phase.SENDING and now - self.since >= STUCK_S
 
 

@@ -15,6 +15,7 @@ import asyncio
 import errno
 import os
 import socket
+import struct
 from collections.abc import Callable
 from typing import Literal
 
@@ -26,6 +27,13 @@ SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 """accept(2)'s errors that mean the daemon, not the client, is short of something."""
 PAUSE_S = 0.1
 """How long accepting pauses when the daemon is out of descriptors and has none in reserve."""
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process on the other end of a Unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
 
 
 def _reserve() -> int | None:

@@ -40,7 +40,6 @@ import inspect
 import os
 import resource
 import socket
-import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,7 +48,7 @@ from typing import Any
 import structlog
 
 from jobwarden.daemon.api.admission import WAIT_S, Admission, Phase, Slot, Waiter, has_request
-from jobwarden.daemon.api.listener import Listener
+from jobwarden.daemon.api.listener import Listener, peer_credentials
 from jobwarden.daemon.api.versions import downgrade, upgrade
 from jobwarden.protocol import (
     MAX_REQUEST_BYTES,
@@ -71,6 +70,10 @@ BACKLOG = 1024
 """Connections the kernel queues before the daemon accepts them (asyncio's default is 100)."""
 TICK_S = 0.05
 """How often, while clients wait for a slot, the queue is looked over."""
+LINGER_S = 0.5
+"""How long a connection closed to serve a waiting client before it sent its request is
+still read from (its line discarded, unanswered but for the busy line it was told), so
+that its late request meets no broken pipe."""
 
 
 def waiting_room() -> int:
@@ -81,13 +84,6 @@ def waiting_room() -> int:
     if soft == resource.RLIM_INFINITY:
         return BACKLOG
     return max(1, min(BACKLOG, soft // 4))
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process on the other end of a Unix socket."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", raw)
-    return pid, uid, gid
 
 
 def _malloc_trim() -> Callable[[], object]:
@@ -129,6 +125,8 @@ class ControlServer:
         self.refused = 0
         self.busy = 0
         self.evicted = 0
+        self.lingering = 0
+        """Evicted connections still read from for their late request (`LINGER_S`)."""
         self._trimmed_at = 0
         self.dropped = 0
 
@@ -219,6 +217,7 @@ class ControlServer:
 
     def _grant(self, waiter: Waiter) -> None:
         slot = self.admission.take(waiter.uid)
+        slot.ready = waiter.ready or has_request(waiter.conn)
         task = asyncio.get_running_loop().create_task(self._serve(waiter, slot))
         slot.task = task
         self.tasks.add(task)
@@ -257,16 +256,27 @@ class ControlServer:
         self.evicted += 1
         victim.evicted = True
         writer: asyncio.StreamWriter = victim.writer
+        task = victim.task
         if victim.phase is Phase.READING:
             waited = time.monotonic() - victim.since
             message = f"closed to serve a waiting client: no complete request in {waited:.3g} s"
             writer.write(encode_error(None, "control.busy", f"{message}: retry"))
-            writer.close()
+            if self.lingering < MAX_CLIENTS and task is not None and writer.can_write_eof():
+                writer.write_eof()  # its request, when it comes, is read and dropped
+                self.lingering += 1
+                task.add_done_callback(self._lingered)
+                asyncio.get_running_loop().call_later(LINGER_S, task.cancel)
+                task = None
+            else:
+                writer.close()
         else:
             writer.transport.abort()
-        if victim.task is not None:
-            victim.task.cancel()
+        if task is not None:
+            task.cancel()
         self._release(victim)
+
+    def _lingered(self, _: object) -> None:
+        self.lingering -= 1
 
     async def _serve(self, waiter: Waiter, slot: Slot) -> None:
         """Serve one connection in its slot until it ends or is evicted."""
@@ -319,7 +329,8 @@ class ControlServer:
                 message = f"request exceeds {MAX_REQUEST_BYTES} bytes"
                 await self._send(writer, encode_error(None, "control.too_large", message))
                 return
-            if not line:
+            slot.ready = False  # a later request on this connection has its `GRACE_S`
+            if not line or slot.evicted:  # an evicted one was told busy, its line dropped
                 return
             if not line.endswith(b"\n"):
                 message = "request line ended without a newline"
