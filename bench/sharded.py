@@ -1,14 +1,31 @@
-"""Sharded state: the combined state hash and the sharded commit, against the same state
-held whole by one process (its plain hash, its single-file durable commit).
+"""Sharded state: its commit, restore and hash, against the same state replicated with
+member 0 writing, and against Orbax's own sharded save and restore of the same arrays.
 
-N members (N = 2, 4) joined by jax.distributed on loopback (gloo) hold one float32 leaf
-of ``--mib`` MiB laid out over a mesh of one device per member (split on its rows), and
-a replicated key.  Each member times the combined hash (`ShardedStateHasher`: its own
-boxes, one all-gather of 16-byte digests) and the sharded commit (`ShardCommitter`: its
-shard file durable, the gather, member 0's record), as member 0 sees them.  The baseline
-is the same state whole in one process: `StateHasher` over it and `CheckpointStore.commit`
-of its single file.  Medians of ``--repeat``; this machine is shared, so they are noisy.
-Usage: python bench/sharded.py [--mib 64] [--repeat 5]
+N members (N = 2, 4) joined by jax.distributed on loopback (gloo), one CPU device each,
+hold one float32 matrix of ``--mib`` MiB split on its rows, and a small key each holds a
+copy of.  In one run, on the same disk, each member times (`bench/sharded_member.py`):
+
+- sharded: `ShardCommitter.commit` (its shard durable, the gather of the members'
+  reports, member 0's record, retention of the older step) and `open_sharded` (member 0
+  chooses the step, every member reads and checks its shard, places it, and the combined
+  hash is proven against the record);
+- replicated: the whole state in every member, committed as a replicated job commits
+  (`Membership.agree`, then member 0's `Committer` writes the one file and removes the
+  older one) and restored as one restores (member 0's `CheckpointStore.select`, then
+  `Membership.share_start` gives every member the values);
+- Orbax: `StandardCheckpointer.save` of the same `jax.Array`s until `wait_until_finished`
+  (every member writes its shards; Orbax does not fsync, so the fsync of every file and
+  folder it wrote is timed apart, and its retention is left out), and its `restore`
+  onto the same sharding;
+- the combined hash per update (`ShardedStateHasher`), against gathering the state whole
+  into every member and hashing it (`StateHasher`).
+
+Every repeat starts together; a repeat's time is its slowest member's (the job waits for
+it), and the figure is the median of ``--repeat``; a ratio is taken within each repeat
+(the two ways timed seconds apart) and its median given.  This machine is shared: the load
+average is printed and recorded.  Writes bench/results/sharded.json.
+
+    .venv/bin/python bench/sharded.py [--mib 256] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -24,158 +41,189 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from figures import Figure, context, records, verdict
+
+MEASURES = (
+    "sharded_commit",
+    "sharded_restore",
+    "replicated_commit",
+    "replicated_restore",
+    "orbax_save",
+    "orbax_fsync",
+    "orbax_restore",
+    "hash_combined",
+    "hash_gathered",
+)
+SIZES = (2, 4)
+PAIRS = (
+    ("sharded_commit", "replicated_commit"),
+    ("sharded_commit", "orbax_save"),
+    ("sharded_restore", "replicated_restore"),
+    ("sharded_restore", "orbax_restore"),
+    ("hash_combined", "hash_gathered"),
+)
+"""ratios taken within each repeat (seconds apart), then their median"""
 
 
-def state_values(mib: int) -> dict[str, np.ndarray]:
-    """The state whole: one float32 matrix of ``mib`` MiB (1024 columns) and a key."""
-    rows = max(4, mib * 256 // 4 * 4)
-    rng = np.random.default_rng(3)
-    return {
-        "params/w": rng.standard_normal((rows, 1024), dtype=np.float32),
-        "key": np.array([0, 7], np.uint32),
-    }
-
-
-def member(index: int, members: int, port: int, *, mib: int, repeat: int, folder: Path) -> None:
-    """One member: lay the state out, time the combined hash and the sharded commit."""
-    import jax
-    from jax.experimental import multihost_utils
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    from jobwarden.checkpoint.format import Manifest, Provenance, leaf_specs
-    from jobwarden.events import Emitter
-    from jobwarden.shards.commit import ShardCommitter, make_group
-    from jobwarden.shards.files import ShardFiles
-    from jobwarden.shards.hash import ShardedStateHasher, layout_of
-
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # type: ignore[no-untyped-call]
-    jax.distributed.initialize(f"127.0.0.1:{port}", members, index)
-    mesh = Mesh(np.array(jax.devices()), ("m",))
-    values = state_values(mib)
-    leaves: list[tuple[str, Any]] = []
-    for path, value in values.items():
-        spec = PartitionSpec("m") if value.ndim == 2 else PartitionSpec()  # type: ignore[no-untyped-call]
-        sharding = NamedSharding(mesh, spec)
-        placed = jax.make_array_from_callback(value.shape, sharding, lambda i, v=value: v[i])
-        leaves.append((path, placed if value.ndim == 2 else value))
-    del values
-
-    def gather(rows: np.ndarray) -> np.ndarray:
-        return np.asarray(multihost_utils.process_allgather(rows))
-
-    layout = layout_of(leaves)
-    hasher = ShardedStateHasher(gather, layout, index)
-    hashes = []
-    for _ in range(repeat):
-        began = time.perf_counter()
-        digest, components = hasher(leaves, 1)
-        hashes.append(time.perf_counter() - began)
-    files = ShardFiles(folder, index, members, lambda: None)
-    group = make_group(
-        leaves, layout=layout, gather=gather, files=files, member=index, local_devices=1
-    )
-    emitter = Emitter(open("/dev/null", "w")) if index == 0 else None  # noqa: SIM115
-    committer = ShardCommitter(group, emitter, keep=1)
-    manifest = Manifest(
-        task="bench",
-        job_id="bench",
-        step=0,
-        key_impl="threefry2x32",
-        leaves=leaf_specs(leaves),
-        train={},
-        provenance=Provenance("c", "d", "s", {}, 0),
-        state_hash=digest,
-        components=components,
-        created=0.0,
-    )
-    commits = []
-    for step in range(1, repeat + 1):
-        gather(np.zeros((1, 1), np.uint8))  # start together
-        began = time.perf_counter()
-        committer.commit(step, Manifest(**{**manifest.__dict__, "step": step}), leaves, None)
-        commits.append(time.perf_counter() - began)
-    out = {"hash_s": statistics.median(hashes), "commit_s": statistics.median(commits)}
-    sys.stdout.write(json.dumps(out) + "\n")
-    jax.distributed.shutdown()
-
-
-def whole(mib: int, repeat: int, folder: Path) -> dict[str, float]:
-    """The baseline: the same state whole in one process, hashed and committed as one file."""
-    from jobwarden.checkpoint.format import Manifest, Provenance, leaf_specs
-    from jobwarden.checkpoint.store import CheckpointStore
-    from jobwarden.hashing import StateHasher
-
-    leaves = list(state_values(mib).items())
-    hasher = StateHasher()
-    hashes, commits = [], []
-    for _ in range(repeat):
-        began = time.perf_counter()
-        digest, components = hasher(leaves, 1)
-        hashes.append(time.perf_counter() - began)
-    store = CheckpointStore(folder)
-    for step in range(1, repeat + 1):
-        manifest = Manifest(
-            "bench", "bench", step, "threefry2x32", leaf_specs(leaves), {},
-            Provenance("c", "d", "s", {}, 0), digest, components, 0.0,
-        )  # fmt: skip
-        began = time.perf_counter()
-        store.commit(step, manifest, leaves)
-        store.retain(1)
-        commits.append(time.perf_counter() - began)
-    return {"hash_s": statistics.median(hashes), "commit_s": statistics.median(commits)}
-
-
-def group(members: int, mib: int, repeat: int, folder: Path) -> dict[str, float]:
-    """Member 0's medians in a job of ``members``."""
+def group(
+    members: int, mib: int, repeat: int, folder: Path
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """In a job of ``members``: the median over repeats of each measure's slowest member and
+    of each ratio of `PAIRS` (``"a/b"``), and the slowest member's seconds per repeat."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    argv = [sys.executable, __file__, "--member", "{i}", str(members), str(port)]
     procs = [
         subprocess.Popen(
-            [a.format(i=i) for a in argv]
-            + ["--mib", str(mib), "--repeat", str(repeat)]
-            + ["--folder", str(folder)],
+            [
+                *(sys.executable, __file__, "--member", str(i), str(members), str(port)),
+                *("--mib", str(mib), "--repeat", str(repeat), "--folder", str(folder)),
+            ],
             stdout=subprocess.PIPE,
             text=True,
         )
         for i in range(members)
     ]
-    outs = [p.communicate(timeout=900)[0] for p in procs]
-    return dict(json.loads(outs[0].strip().splitlines()[-1]))
+    outs = [p.communicate(timeout=1800)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit(f"a member failed: exit statuses {[p.returncode for p in procs]}")
+    found = [json.loads(out.strip().splitlines()[-1]) for out in outs]
+    slowest = {name: [max(f[name][r] for f in found) for r in range(repeat)] for name in MEASURES}
+    medians = {name: statistics.median(seconds) for name, seconds in slowest.items()}
+    for a, b in PAIRS:
+        pairs = zip(slowest[a], slowest[b], strict=True)
+        medians[f"{a}/{b}"] = statistics.median(x / y for x, y in pairs)
+    return medians, slowest
+
+
+def below(name: str, value: float, limit: float) -> Figure:
+    """A ratio whose target is strictly below ``limit``."""
+    return Figure(name, f"{value:.2f}", f"< {limit:.2f}", verdict(value < limit), value)
+
+
+def figures(mib: int, found: dict[int, dict[str, float]]) -> list[Figure]:
+    """The figures beside the issue's targets, then the context."""
+    out = []
+    for n in SIZES:
+        f = found[n]
+        ratio = f["sharded_commit/replicated_commit"]
+        if n == 2:
+            out.append(
+                Figure(
+                    f"{mib} MiB sharded commit / replicated (member 0 writes), N = 2",
+                    f"{ratio:.2f}",
+                    "<= 1.00",
+                    verdict(ratio <= 1.0),
+                    ratio,
+                )
+            )
+        else:
+            out.append(context(f"{mib} MiB sharded commit / replicated, N = {n}", ratio, ".2f"))
+        out.append(
+            below(
+                f"{mib} MiB sharded commit / Orbax save, N = {n}",
+                f["sharded_commit/orbax_save"],
+                1.0,
+            )
+        )
+    for n in SIZES:
+        f = found[n]
+        out += [
+            context(f"{mib} MiB sharded commit, N = {n}", f["sharded_commit"] * 1e3, ".0f", " ms"),
+            context(
+                f"{mib} MiB sharded restore, N = {n}", f["sharded_restore"] * 1e3, ".0f", " ms"
+            ),
+            context(f"{mib} MiB Orbax save, N = {n}", f["orbax_save"] * 1e3, ".0f", " ms"),
+            context(
+                f"{mib} MiB sharded restore / Orbax restore, N = {n}",
+                f["sharded_restore/orbax_restore"],
+                ".2f",
+            ),
+            context(
+                f"{mib} MiB combined hash / gathered hash, N = {n}",
+                f["hash_combined/hash_gathered"],
+                ".2f",
+            ),
+        ]
+    return out
+
+
+def table(mib: int, found: dict[int, dict[str, float]]) -> str:
+    """The figures as a Markdown table, milliseconds."""
+    lines = [
+        f"| {mib} MiB state | sharded | replicated, member 0 writes | Orbax | "
+        "sharded / replicated | sharded / Orbax |",
+        "|---|---|---|---|---|---|",
+    ]
+    for n in SIZES:
+        f = found[n]
+        rows = (
+            ("commit", "sharded_commit", "replicated_commit", "orbax_save"),
+            ("restore", "sharded_restore", "replicated_restore", "orbax_restore"),
+        )
+        for what, ours, theirs, orbax in rows:
+            versus = f[f"{ours}/{theirs}"], f[f"{ours}/{orbax}"]
+            lines.append(
+                f"| {what}, N = {n} | {f[ours] * 1e3:.0f} ms | {f[theirs] * 1e3:.0f} ms | "
+                f"{f[orbax] * 1e3:.0f} ms | {versus[0]:.2f} | {versus[1]:.2f} |"
+            )
+        lines.append(
+            f"| Orbax's files fsynced after its save, N = {n} | | | "
+            f"+{f['orbax_fsync'] * 1e3:.0f} ms | | |"
+        )
+    lines += ["", "| state hash per update | combined (sharded) | gathered, then hashed | ratio |"]
+    lines.append("|---|---|---|---|")
+    for n in SIZES:
+        f = found[n]
+        lines.append(
+            f"| N = {n} | {f['hash_combined'] * 1e3:.1f} ms | {f['hash_gathered'] * 1e3:.1f} ms "
+            f"| {f['hash_combined/hash_gathered']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def main() -> None:
-    """Print the table."""
+    """Run both group sizes, print the table, write the results."""
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--member", nargs=3, type=int)
     parser.add_argument("--folder", type=Path)
     args = parser.parse_args()
     if args.member:
+        from sharded_member import member
+
         member(*args.member, mib=args.mib, repeat=args.repeat, folder=args.folder)
         return
-    rows = []
+    loads = [load_average()]
+    found: dict[int, dict[str, float]] = {}
+    slowest: dict[int, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, members in (
-            ("whole, 1 process", 1),
-            ("sharded, N = 2", 2),
-            ("sharded, N = 4", 4),
-        ):
-            folder = Path(tmp) / name.replace(" ", "").replace(",", "-")
+        for n in SIZES:
+            folder = Path(tmp) / f"n{n}"
             folder.mkdir(mode=0o700)
-            found = (
-                whole(args.mib, args.repeat, folder)
-                if members == 1
-                else group(members, args.mib, args.repeat, folder)
-            )
-            rows.append((name, found))
-    print(f"| {args.mib} MiB state | combined hash | commit (durable) |")
-    print("|---|---|---|")
-    for name, found in rows:
-        print(f"| {name} | {found['hash_s'] * 1e3:.1f} ms | {found['commit_s'] * 1e3:.0f} ms |")
+            found[n], slowest[n] = group(n, args.mib, args.repeat, folder)
+            loads.append(load_average())
+    print(table(args.mib, found))
+    print(f"\nload average (1, 5, 15 min) before and after each N: {' | '.join(loads)}")
+    out = Path(__file__).parent / "results" / "sharded.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {
+        "created": time.time(),
+        "mib": args.mib,
+        "repeat": args.repeat,
+        "load_average": loads,
+        "medians": {str(n): f for n, f in found.items()},
+        "slowest_member_s": {str(n): f for n, f in slowest.items()},
+        "figures": records(figures(args.mib, found)),
+    }
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out.parent.name}/{out.name}")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ BENCHES = (
     "cli_start",
     "sdk",
     "multiprocess",
+    "sharded",
     "slurm",
 )
 """the benches in the order of the table; any other results file follows them"""

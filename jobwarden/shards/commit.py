@@ -9,18 +9,25 @@ rename, fsync dir        (fenced first)
                                             all present, hashes equal?
                                             write ckpt-k.commit.json (pending, fsync,
                                             rename, fsync dir): step k is complete
-                                            retention (a step at a time, record first)
+                                            the records of the steps retention drops
+   \____ all-gather: the record is durable ____/
+remove my own shard files of the dropped steps
+(on a thread; the next commit waits for it)
                                             emit checkpoint(k)
 ```
 
 A member killed before the gather leaves shard files without a record: the others fail in
 the gather (or are stopped) and the step is never selected.  Member 0 killed before the
-record's rename: the same.  After it, the step is complete.  So a crash at any instant
-leaves the previous complete step or the new one, never a mixture.
+record's rename: the same.  After it, the step is complete.  Retention removes a dropped
+step's record first (member 0), and only after the second gather its shard files, each
+member its own, in parallel and on a thread of its own (`ShardCommitter.settle`): a step
+whose shards are going has no record.  So a crash at
+any instant leaves the previous complete step or the new one, never a mixture.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -122,6 +129,8 @@ class ShardCommitter:
         self.keep = keep
         self.committed = -1
         self.last_record: Path | None = None
+        self._removal: threading.Thread | None = None
+        self._removal_error: BaseException | None = None
 
     def commit(
         self,
@@ -135,6 +144,7 @@ class ShardCommitter:
     ) -> None:
         """Commit the state at ``step`` (``manifest`` is the global one): a collective."""
         began = time.perf_counter()
+        self.settle()
         group = self.group
         pieces = group.pieces(leaves)
         mine = group.files.write_shard(
@@ -154,14 +164,18 @@ class ShardCommitter:
                 )
             shards.append(MemberShard(parts[0], parts[1], int(parts[2])))
         self.committed = step
-        if self.emitter is None:
-            return  # member 0 writes the record
-        record = CommitRecord(manifest, group.devices, group.layout, tuple(shards))
-        self.last_record = path = group.files.write_record(record, record_hook or _record_fault)
-        testfaults.crash_if(Fault.CRASH_AFTER_RECORD, step)
-        group.files.retain(self.keep)
-        if not report:
+        if self.emitter is not None:  # member 0 writes the record
+            record = CommitRecord(manifest, group.devices, group.layout, tuple(shards))
+            self.last_record = group.files.write_record(record, record_hook or _record_fault)
+            testfaults.crash_if(Fault.CRASH_AFTER_RECORD, step)
+            group.files.retain_records(self.keep)
+        # Every member learns that the record is durable and the dropped steps' records are
+        # gone; each then removes its own shards of those steps, all at once.
+        group.exchange("")
+        self._remove_dropped()
+        if self.emitter is None or not report:
             return
+        path = self.last_record
         seconds = time.perf_counter() - began
         self.emitter.emit(
             "checkpoint",
@@ -173,6 +187,29 @@ class ShardCommitter:
             background=False,
             state_hash=manifest.state_hash,
         )
+
+    def _remove_dropped(self) -> None:
+        """Remove this member's shard files of the dropped steps on a thread of its own: freeing
+        a large file's blocks and pages takes tens of milliseconds the training need not
+        wait for.  The next commit, or `settle`, waits for it."""
+
+        def remove() -> None:
+            try:
+                self.group.files.retain_shards()
+            except BaseException as error:  # noqa: BLE001 - raised on the training thread by settle
+                self._removal_error = error
+
+        self._removal = threading.Thread(target=remove, name="shard-retention")
+        self._removal.start()
+
+    def settle(self) -> None:
+        """Wait for the removal of dropped shard files in flight; raise its error, if any."""
+        if self._removal is not None:
+            self._removal.join()
+            self._removal = None
+        error, self._removal_error = self._removal_error, None
+        if error is not None:
+            raise error
 
 
 def _record_fault(pending: Path) -> None:
