@@ -37,6 +37,7 @@ bench: setup
 	$(BIN)/python bench/cli_start.py
 	$(BIN)/python bench/sdk.py
 	$(BIN)/python bench/dashboard.py
+	$(BIN)/python bench/sharded.py
 	$(BIN)/python bench/summary.py
 
 constraints: setup
