@@ -85,6 +85,7 @@ def measure(size_mib: int, steps: int, repeats: int, base: Path) -> dict[str, An
     }
     sync_commit = statistics.median(s for r in runs["sync"] for s in r["commit_s"])
     ratio = {mode: window[mode] / window["none"] for mode in MODES}
+    fastest = {mode: min(r["window_s"] for r in runs[mode]) for mode in MODES}
     return {
         "size_mib": size_mib,
         "bytes": runs["none"][0]["bytes"],
@@ -94,6 +95,8 @@ def measure(size_mib: int, steps: int, repeats: int, base: Path) -> dict[str, An
         "window_s": window,
         "cpu_s": cpu,
         "ratio": ratio,
+        "cpu_ratio": {mode: cpu[mode] / cpu["none"] for mode in MODES},
+        "fastest_ratio": {mode: fastest[mode] / fastest["none"] for mode in MODES},
         "blocked_s": blocked,
         "sync_commit_s": sync_commit,
         "async_write_s": statistics.median(s for r in runs["async"] for s in r["commit_s"]),
@@ -131,6 +134,8 @@ def figures(rows: list[dict[str, Any]]) -> list[Figure]:
                 f"{size}: async / none vs orbax-async / none", ratio["async"], ratio["orbax"], ".3f"
             ),
             context(f"{size}: sync wall / none", ratio["sync"], ".3f"),
+            context(f"{size}: async CPU / none", r["cpu_ratio"]["async"], ".3f"),
+            context(f"{size}: orbax-async CPU / none", r["cpu_ratio"]["orbax"], ".3f"),
         ]
     return out
 
@@ -150,6 +155,20 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['size_mib']:>5} MiB {w['none']:>7.2f} {w['sync']:>7.2f} {w['async']:>8.2f} "
             f"{w['orbax']:>8.2f} {q['sync']:>9.3f} {q['async']:>10.3f} {q['orbax']:>10.3f} "
             f"{r['sync_commit_s']:>8.3f} {b['async']:>13.4f} {b['orbax']:>13.4f} {load:>9}"
+        )
+    lines.append("process CPU seconds of the window (medians), and their ratio to none:")
+    for r in rows:
+        c, q = r["cpu_s"], r["cpu_ratio"]
+        lines.append(
+            f"{r['size_mib']:>5} MiB "
+            + " ".join(f"{mode} {c[mode]:.2f} s ({q[mode]:.3f})" for mode in MODES)
+        )
+    lines.append("fastest round's window over the fastest with none:")
+    for r in rows:
+        q = r["fastest_ratio"]
+        lines.append(
+            f"{r['size_mib']:>5} MiB "
+            + " ".join(f"{mode}/none {q[mode]:.3f}" for mode in MODES[1:])
         )
     lines.append(
         f"targets: blocked/commit <= {BLOCK_TARGET}; async/none <= {WALL_TARGET} at "
