@@ -136,16 +136,22 @@ def header(manifest: Manifest, checksum: str, signature: str | None) -> bytes:
 
 
 def encode(manifest: Manifest, leaves: Leaves, key: bytes | None = None) -> list[memoryview]:
-    """The file's bytes as a list of buffers (header, then each leaf without copying).
+    """The file's bytes as a list of buffers (header, then each leaf without copying), the
+    checksum taken in a pass before any write; a commit writes them in one (`onepass`).
 
     With ``key`` the header also carries the HMAC-SHA256 signature.
     """
-    payload = [little_endian(array).reshape(-1).view(np.uint8).data for _, array in leaves]
+    views = payload(leaves)
     digests = Digests(manifest.to_json().encode(), key)
-    for view in payload:
+    for view in views:
         digests.update(view)
     signature = None if digests.mac is None else signing.signature_text(digests.mac)
-    return [memoryview(header(manifest, digests.checksum_text(), signature)), *payload]
+    return [memoryview(header(manifest, digests.checksum_text(), signature)), *views]
+
+
+def payload(leaves: Leaves) -> list[memoryview]:
+    """Each leaf's little-endian bytes, a view of its own memory where it already is."""
+    return [little_endian(array).reshape(-1).view(np.uint8).data for _, array in leaves]
 
 
 @dataclass

@@ -28,12 +28,10 @@ import fcntl
 import mmap
 import os
 
-import numpy as np
-
 from jobwarden.checkpoint import signing
-from jobwarden.checkpoint.format import Digests, header
+from jobwarden.checkpoint.format import Digests, header, payload
 from jobwarden.checkpoint.manifest import Manifest
-from jobwarden.hashing import HASH_NAME, Leaves, little_endian
+from jobwarden.hashing import HASH_NAME, Leaves
 
 BLOCK = 4096
 """``O_DIRECT`` offsets, lengths and memory are kept multiples of this (any logical block)"""
@@ -45,11 +43,6 @@ CACHED_PIECE = 1 << 20
 """a buffered piece is checksummed right after ``write`` read it: it fits in cache"""
 PLACEHOLDER_CHECKSUM = f"{HASH_NAME}:{'0' * 32}"
 PLACEHOLDER_SIGNATURE = f"{signing.SIGNATURE_NAME}:{'0' * 64}"
-
-
-def payload(leaves: Leaves) -> list[memoryview]:
-    """Each leaf's little-endian bytes, a view of its own memory where it already is."""
-    return [little_endian(array).reshape(-1).view(np.uint8).data for _, array in leaves]
 
 
 def header_size(manifest: Manifest, signed: bool) -> int:
