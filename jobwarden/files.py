@@ -43,6 +43,8 @@ DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+# What a commit writes: buffers, or a function writing the new empty file and giving its size.
+Payload = list[memoryview] | Callable[[int], int]
 
 
 class UnsafePathError(JobwardenError):
@@ -222,7 +224,7 @@ class Directory:
     def commit(
         self,
         name: str,
-        buffers: list[memoryview],
+        buffers: Payload,
         before_replace: Callable[[Path], None] | None = None,
         mode: int = FILE_MODE,
     ) -> int:
@@ -234,7 +236,7 @@ class Directory:
         pending = name + PENDING_SUFFIX
         fd = self.create_exclusive(pending, mode)
         try:
-            written = write_all(fd, buffers)
+            written = buffers(fd) if callable(buffers) else write_all(fd, buffers)
             os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -327,14 +329,11 @@ def write_text_atomic(final: Path, text: str, mode: int = FILE_MODE) -> None:
 
 def write_all(fd: int, buffers: list[memoryview]) -> int:
     """Write every buffer to ``fd``, looping over partial writes; returns the byte count."""
-    total = 0
     for view in buffers:
         position = 0
         while position < len(view):
-            written = os.write(fd, view[position : position + WRITE_CHUNK])
-            position += written
-        total += len(view)
-    return total
+            position += os.write(fd, view[position : position + WRITE_CHUNK])
+    return sum(len(view) for view in buffers)
 
 
 def pid_lock(path: Path) -> tuple[int | None, int | None]:

@@ -94,7 +94,7 @@ class Checkpoint:
         return [(leaf.path, self.arrays[leaf.path]) for leaf in self.manifest.leaves]
 
 
-class _Digests:
+class Digests:
     """The running checksum, and the running signature when there is a key."""
 
     def __init__(self, manifest_text: bytes, key: bytes | None) -> None:
@@ -102,6 +102,7 @@ class _Digests:
         self.mac: hmac.HMAC | None = None if key is None else signing.new_mac(key, manifest_text)
 
     def update(self, view: memoryview) -> None:
+        """Feed the next bytes of the data region."""
         if self.mac is None:
             self.checksum.update(view)
             return
@@ -111,10 +112,12 @@ class _Digests:
             self.mac.update(piece)
 
     def checksum_text(self) -> str:
+        """The checksum as stored in the header."""
         return f"{HASH_NAME}:{self.checksum.hexdigest()}"
 
 
-def _header(manifest: Manifest, checksum: str, signature: str | None) -> bytes:
+def header(manifest: Manifest, checksum: str, signature: str | None) -> bytes:
+    """The 8-byte length and the padded JSON header; its length depends on the texts' lengths."""
     meta = {"jobwarden": manifest.to_json(), "checksum": checksum}
     if signature is not None:
         meta["signature"] = signature
@@ -133,16 +136,22 @@ def _header(manifest: Manifest, checksum: str, signature: str | None) -> bytes:
 
 
 def encode(manifest: Manifest, leaves: Leaves, key: bytes | None = None) -> list[memoryview]:
-    """The file's bytes as a list of buffers (header, then each leaf without copying).
+    """The file's bytes as a list of buffers (header, then each leaf without copying), the
+    checksum taken in a pass before any write; a commit writes them in one (`onepass`).
 
     With ``key`` the header also carries the HMAC-SHA256 signature.
     """
-    payload = [little_endian(array).reshape(-1).view(np.uint8).data for _, array in leaves]
-    digests = _Digests(manifest.to_json().encode(), key)
-    for view in payload:
+    views = payload(leaves)
+    digests = Digests(manifest.to_json().encode(), key)
+    for view in views:
         digests.update(view)
     signature = None if digests.mac is None else signing.signature_text(digests.mac)
-    return [memoryview(_header(manifest, digests.checksum_text(), signature)), *payload]
+    return [memoryview(header(manifest, digests.checksum_text(), signature)), *views]
+
+
+def payload(leaves: Leaves) -> list[memoryview]:
+    """Each leaf's little-endian bytes, a view of its own memory where it already is."""
+    return [little_endian(array).reshape(-1).view(np.uint8).data for _, array in leaves]
 
 
 @dataclass
@@ -219,10 +228,10 @@ class Reader:
                 stored=None,
             )
 
-    def _stream(self, buffer: memoryview, key: bytes | None, reuse: bool) -> _Digests:
+    def _stream(self, buffer: memoryview, key: bytes | None, reuse: bool) -> Digests:
         """Read the data region into ``buffer`` (over and over when ``reuse``), hashing each
         chunk while it is in cache: a zero-filled buffer and one large read would fault twice."""
-        digests = _Digests(self.manifest_text.encode(), key)
+        digests = Digests(self.manifest_text.encode(), key)
         start, length, position = 8 + self.header_len, self.data_bytes, 0
         while position < length:
             at = 0 if reuse else position
@@ -234,7 +243,7 @@ class Reader:
             position += count
         return digests
 
-    def _check(self, digests: _Digests, key: bytes | None) -> None:
+    def _check(self, digests: Digests, key: bytes | None) -> None:
         found = digests.checksum_text()
         name = str(self.path)
         if found != self.checksum:

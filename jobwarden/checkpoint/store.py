@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jobwarden import files
-from jobwarden.checkpoint import format
+from jobwarden.checkpoint import format, onepass
 from jobwarden.checkpoint.errors import (
     CheckpointDiskFull,
     CheckpointError,
@@ -154,18 +154,22 @@ class CheckpointStore:
                 before_replace(pending)
             self._check_writer()  # the last thing before the rename
 
+        def write(fd: int) -> int:  # one pass over the bytes, checksummed as written
+            return onepass.write(fd, manifest, leaves, self.signing_key)
+
         with self._opened() as handle:
             self._check_writer()
-            buffers = format.encode(manifest, leaves, self.signing_key)
             try:
-                written = handle.commit(name, buffers, hook)
+                written = handle.commit(name, write, hook)
             except WriterLockedError:
                 handle.unlink(name + files.PENDING_SUFFIX, missing_ok=True)
                 raise
             except OSError as error:
                 if error.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
-                wanted = sum(len(b) for b in buffers)
+                signed = self.signing_key is not None
+                data = sum(leaf.nbytes for leaf in manifest.leaves)
+                wanted = onepass.header_size(manifest, signed) + data
                 raise CheckpointDiskFull(str(self.directory), step, wanted, error) from error
         return self.directory / name, written
 

@@ -1,0 +1,168 @@
+"""The container written in one pass over the leaves' bytes, each piece checksummed as written.
+
+The header holds the checksum of the data after it, so `format.encode` reads
+every byte twice: once to checksum, once more when ``write`` copies it into
+the page cache.  Here the header's length is known before the checksum (the
+checksum and signature texts have fixed lengths), so the data region is
+written first, at its final offset, each piece hashed while it is still in
+cache, and the header last, at offset 0.  The bytes are exactly those of
+`format.encode`; the commit around them (pending file, fsync, rename,
+directory fsync) is unchanged, so no reader ever sees the file before its
+header is in place.
+
+A large data region goes through ``O_DIRECT`` from one page-aligned buffer
+that is used over and over: each piece is copied once into it (where it is
+checksummed) and the device reads it from there, so a commit takes no page
+cache (no 512 MiB of pages allocated, dirtied and written back, which on a
+virtual machine that hands freed memory back to its host costs more CPU than
+the copy).  The first and last partial blocks, and the header, are written
+through the page cache; the file's fsync covers both.  A file system that
+refuses ``O_DIRECT`` (tmpfs, some network and FUSE file systems) gets the
+same bytes through the page cache, written from the leaves' own memory.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+
+from jobwarden.checkpoint import signing
+from jobwarden.checkpoint.format import Digests, header, payload
+from jobwarden.checkpoint.manifest import Manifest
+from jobwarden.hashing import HASH_NAME, Leaves
+
+BLOCK = 4096
+"""``O_DIRECT`` offsets, lengths and memory are kept multiples of this (any logical block)"""
+DIRECT_PIECE = 8 << 20
+"""the aligned buffer a direct write copies each piece into"""
+DIRECT_MIN_BYTES = 32 << 20
+"""below this the page cache's cost is small and a direct write's wait is not worth it"""
+CACHED_PIECE = 1 << 20
+"""a buffered piece is checksummed right after ``write`` read it: it fits in cache"""
+PLACEHOLDER_CHECKSUM = f"{HASH_NAME}:{'0' * 32}"
+PLACEHOLDER_SIGNATURE = f"{signing.SIGNATURE_NAME}:{'0' * 64}"
+
+
+def header_size(manifest: Manifest, signed: bool) -> int:
+    """The header's length in bytes (the 8-byte prefix included), known before any checksum."""
+    return len(header(manifest, PLACEHOLDER_CHECKSUM, PLACEHOLDER_SIGNATURE if signed else None))
+
+
+def write(
+    fd: int, manifest: Manifest, leaves: Leaves, key: bytes | None = None, direct: bool = True
+) -> int:
+    """Write the whole container to the empty file ``fd``; returns its size.
+
+    ``direct=False`` never tries ``O_DIRECT``.  Leaves ``fd`` without ``O_DIRECT``.
+    """
+    views = payload(leaves)
+    total = sum(len(view) for view in views)
+    digests = Digests(manifest.to_json().encode(), key)
+    start = header_size(manifest, key is not None)
+    first = b""
+    if direct and total >= DIRECT_MIN_BYTES and _set_direct(fd, True):
+        try:
+            first = _write_direct(fd, start, views, digests)
+        finally:
+            _set_direct(fd, False)
+    else:
+        _write_cached(fd, start, views, digests)
+    signature = None if digests.mac is None else signing.signature_text(digests.mac)
+    head = header(manifest, digests.checksum_text(), signature)
+    if len(head) != start:
+        raise AssertionError(f"header is {len(head)} bytes, {start} were reserved")
+    _pwrite_all(fd, memoryview(head + first), 0)
+    return start + total
+
+
+def _write_cached(fd: int, offset: int, views: list[memoryview], digests: Digests) -> None:
+    """Write ``views`` from their own memory at ``offset``, each piece hashed after its write."""
+    for view in views:
+        for at in range(0, len(view), CACHED_PIECE):
+            piece = view[at : at + CACHED_PIECE]
+            _pwrite_all(fd, piece, offset)
+            digests.update(piece)
+            offset += len(piece)
+
+
+def _write_direct(fd: int, start: int, views: list[memoryview], digests: Digests) -> bytes:
+    """Write the data's block-aligned middle directly and its unaligned end through the cache;
+    returns the data's first bytes, up to the first block boundary, for the header's write."""
+    source = _Source(views)
+    first = bytearray(-start % BLOCK)
+    source.fill(memoryview(first))
+    digests.update(memoryview(first))
+    offset = start + len(first)
+    with mmap.mmap(-1, DIRECT_PIECE) as buffer:
+        aligned = memoryview(buffer)
+        try:
+            while count := source.fill(aligned):
+                digests.update(aligned[:count])
+                whole = count - count % BLOCK
+                offset = _pwrite_direct(fd, aligned[:whole], offset)
+                if whole < count:  # the last piece's tail, past the last block boundary
+                    _set_direct(fd, False)
+                    offset = _pwrite_all(fd, aligned[whole:count], offset)
+        finally:
+            aligned.release()
+    return bytes(first)
+
+
+class _Source:
+    """The data region's bytes in order, copied out into buffers piece by piece."""
+
+    def __init__(self, views: list[memoryview]) -> None:
+        self._views = iter(views)
+        self._rest = memoryview(b"")
+
+    def fill(self, target: memoryview) -> int:
+        """Copy the next bytes into ``target`` until it is full or none are left; the count."""
+        filled = 0
+        while filled < len(target):
+            if not self._rest:
+                following = next(self._views, None)
+                if following is None:
+                    break
+                self._rest = following
+                continue
+            count = min(len(self._rest), len(target) - filled)
+            target[filled : filled + count] = self._rest[:count]
+            self._rest = self._rest[count:]
+            filled += count
+        return filled
+
+
+def _pwrite_direct(fd: int, view: memoryview, offset: int) -> int:
+    """Write ``view`` at ``offset`` directly, or through the cache if the file system refuses."""
+    try:
+        return _pwrite_all(fd, view, offset)
+    except OSError as error:
+        if error.errno != errno.EINVAL:
+            raise
+    _set_direct(fd, False)  # accepted at fcntl, refused at write: the same bytes, cached
+    return _pwrite_all(fd, view, offset)
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> int:
+    """Write all of ``view`` at ``offset``, looping over partial writes; returns the end."""
+    position = 0
+    while position < len(view):
+        position += os.pwrite(fd, view[position:], offset + position)
+    return offset + position
+
+
+def _set_direct(fd: int, on: bool) -> bool:
+    """Turn ``O_DIRECT`` on or off for ``fd``; False if the file system refuses it."""
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    wanted = flags | os.O_DIRECT if on else flags & ~os.O_DIRECT
+    if wanted == flags:
+        return on
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, wanted)
+    except OSError as error:
+        if error.errno != errno.EINVAL:
+            raise
+        return False
+    return True
