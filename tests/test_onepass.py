@@ -43,7 +43,7 @@ def written(
     """The bytes `onepass.write` puts in a new file; it leaves the file without ``O_DIRECT``."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        size = onepass.write(fd, manifest, leaves, key, direct)
+        size, _ = onepass.write(fd, manifest, leaves, key, direct)
         assert not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT
     finally:
         os.close(fd)

@@ -13,11 +13,12 @@ import pytest
 
 from jobwarden.checkpoint import format
 from jobwarden.checkpoint.lock import open_directory
+from jobwarden.checkpoint.onepass import DIRECT_MIN_BYTES
 from jobwarden.checkpoint.shardrecord import record_name, shard_name
 from jobwarden.events import Emitter
 from jobwarden.shards.commit import Group, ShardCommitter
 from jobwarden.shards.files import ShardFiles
-from jobwarden.shards.write import CHUNK, write_shard_file
+from jobwarden.shards.write import write_shard_file
 
 MEMBERS = 2
 
@@ -107,9 +108,10 @@ def test_retain_in_one_process_is_both_parts(steps: Path) -> None:
 class TestOnePassWrite:
     @pytest.fixture
     def pieces(self) -> list[tuple[str, np.ndarray]]:
-        """A piece larger than a chunk, a big-endian one, a strided view and a scalar."""
+        """A piece large enough to be written directly, a big-endian one, a strided view and
+        a scalar."""
         rng = np.random.default_rng(5)
-        big = rng.standard_normal(CHUNK // 4 + 777, dtype=np.float32)
+        big = rng.standard_normal(DIRECT_MIN_BYTES // 4 + 777, dtype=np.float32)
         return [
             ("params/w@0:9", big),
             ("params/b", np.arange(6, dtype=">f8")),

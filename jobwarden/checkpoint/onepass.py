@@ -52,8 +52,8 @@ def header_size(manifest: Manifest, signed: bool) -> int:
 
 def write(
     fd: int, manifest: Manifest, leaves: Leaves, key: bytes | None = None, direct: bool = True
-) -> int:
-    """Write the whole container to the empty file ``fd``; returns its size.
+) -> tuple[int, str]:
+    """Write the whole container to the empty file ``fd``; returns its size and checksum.
 
     ``direct=False`` never tries ``O_DIRECT``.  Leaves ``fd`` without ``O_DIRECT``.
     """
@@ -74,7 +74,7 @@ def write(
     if len(head) != start:
         raise AssertionError(f"header is {len(head)} bytes, {start} were reserved")
     _pwrite_all(fd, memoryview(head + first), 0)
-    return start + total
+    return start + total, digests.checksum_text()
 
 
 def _write_cached(fd: int, offset: int, views: list[memoryview], digests: Digests) -> None:

@@ -155,7 +155,7 @@ class CheckpointStore:
             self._check_writer()  # the last thing before the rename
 
         def write(fd: int) -> int:  # one pass over the bytes, checksummed as written
-            return onepass.write(fd, manifest, leaves, self.signing_key)
+            return onepass.write(fd, manifest, leaves, self.signing_key)[0]
 
         with self._opened() as handle:
             self._check_writer()
