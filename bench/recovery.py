@@ -79,7 +79,7 @@ from daemon import (
 )
 from figures import Figure, at_most, context, records
 from recovery_groups import FLAGS as DP_FLAGS
-from recovery_groups import KILL_AT, kill_member_1, sample_dp, settled
+from recovery_groups import KILL_AT, handed_records, kill_member_1, sample_dp, settled
 from recovery_groups import NAMES as DP_NAMES
 from recovery_groups import TARGETS_S as DP_TARGETS_S
 from recovery_supervisord import FLAGS as SV_FLAGS
@@ -163,9 +163,7 @@ def sample_pair(daemon: Wardend, job: str, variant: str) -> Record:
             wait_program_spare(daemon, job, count=2)
     killed, firsts, joined = kill_member_1(daemon, job, time.monotonic() + 120)
     daemon.wait_for(daemon.log, settled(job), 120)
-    handed = [
-        r for r in daemon.log.records if r.get("event") == "spare.handed" and r.get("job") == job
-    ]
+    handed = handed_records(daemon, job)
     return {
         "job": job,
         "recovery_s": max(firsts) - killed,
@@ -214,9 +212,7 @@ def sample(daemon: Wardend, job: str, variant: str) -> Record:
     daemon.wait_for(daemon.log, settled(job), 120)
     resumed = daemon.events(job, measured)
     kinds = {e["event"]: e["time"] for e in reversed(resumed)}
-    handed = [
-        r for r in daemon.log.records if r.get("event") == "spare.handed" and r.get("job") == job
-    ]
+    handed = handed_records(daemon, job)
     return {
         "job": job,
         "recovery_s": first["time"] - killed,

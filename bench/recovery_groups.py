@@ -103,9 +103,7 @@ def sample_dp(daemon: Wardend, job: str, variant: str) -> Record:
     exited = daemon.wait_for(daemon.log, is_event("attempt.exited", job=job, attempt=1))
     started = daemon.wait_for(daemon.log, is_event("attempt.started", job=job, attempt=2))
     daemon.wait_for(daemon.log, settled(job), 180)
-    handed = [
-        r for r in daemon.log.records if r.get("event") == "spare.handed" and r.get("job") == job
-    ]
+    handed = handed_records(daemon, job)
     return {
         "job": job,
         "recovery_s": max(firsts) - killed,
@@ -116,6 +114,12 @@ def sample_dp(daemon: Wardend, job: str, variant: str) -> Record:
         "started_to_progress_s": max(firsts) - max(joined),
         "spare": sum(h.get("attempt") == 2 for h in handed) == 2,
     }
+
+
+def handed_records(daemon: Wardend, job: str) -> list[Record]:
+    """The daemon's ``spare.handed`` records of ``job`` so far."""
+    records = daemon.log.records
+    return [r for r in records if r.get("event") == "spare.handed" and r.get("job") == job]
 
 
 def settled(job: str) -> Any:

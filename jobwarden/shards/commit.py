@@ -27,7 +27,6 @@ any instant leaves the previous complete step or the new one, never a mixture.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from jobwarden import testfaults
+from jobwarden.checkpoint.background import BackgroundCommit
 from jobwarden.checkpoint.format import Manifest, leaf_specs
 from jobwarden.checkpoint.manifest import LeafSpec
 from jobwarden.checkpoint.shardrecord import (
@@ -129,8 +129,7 @@ class ShardCommitter:
         self.keep = keep
         self.committed = -1
         self.last_record: Path | None = None
-        self._removal: threading.Thread | None = None
-        self._removal_error: BaseException | None = None
+        self._removal = BackgroundCommit("shard-retention")
 
     def commit(
         self,
@@ -193,23 +192,14 @@ class ShardCommitter:
         a large file's blocks and pages takes tens of milliseconds the training need not
         wait for.  The next commit, or `settle`, waits for it."""
 
-        def remove() -> None:
-            try:
-                self.group.files.retain_shards()
-            except BaseException as error:  # noqa: BLE001 - raised on the training thread by settle
-                self._removal_error = error
+        def remove(_: float) -> None:
+            self.group.files.retain_shards()
 
-        self._removal = threading.Thread(target=remove, name="shard-retention")
-        self._removal.start()
+        self._removal.submit(remove)
 
     def settle(self) -> None:
         """Wait for the removal of dropped shard files in flight; raise its error, if any."""
-        if self._removal is not None:
-            self._removal.join()
-            self._removal = None
-        error, self._removal_error = self._removal_error, None
-        if error is not None:
-            raise error
+        self._removal.wait()
 
 
 def _record_fault(pending: Path) -> None:
