@@ -156,13 +156,12 @@ def encode(kind: str, fields: Mapping[str, Any], at: float | None = None) -> str
 
     ``at``: the wall-clock time the event happened (default: now).
     """
-    record = {
-        "v": SCHEMA_VERSION,
-        "event": kind,
-        "time": time.time() if at is None else at,
-        **{k: _finite(v) for k, v in fields.items()},
-    }
-    return ENCODER.encode(record) + "\n"
+    record = {"v": SCHEMA_VERSION, "event": kind, "time": time.time() if at is None else at}
+    record.update(fields)
+    try:
+        return ENCODER.encode(record) + "\n"
+    except ValueError:  # a non-finite float (the encoder refuses them): written as its repr
+        return ENCODER.encode({k: _finite(v) for k, v in record.items()}) + "\n"
 
 
 class Emitter:

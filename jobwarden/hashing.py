@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import xxhash
@@ -115,6 +116,22 @@ def data_files_digest(paths: Iterable[Path]) -> str:
 
 
 MAX_CACHED_HEADS = 1 << 14
+JOINED_AT_MOST = 1 << 16
+"""Leaves up to this size are copied into one buffer per component and hashed in one call.
+
+The hash function lets go of the interpreter lock on every call; for a small leaf,
+letting go and taking it back costs more than the bytes, and a thread hashing
+beside a training loop then contends for the lock twice per leaf.  A larger leaf
+is hashed where it lies."""
+
+
+class Layout(NamedTuple):
+    """What one leaf's path, dtype and shape fix: its header bytes and how its bytes are fed."""
+
+    head: bytes
+    nbytes: int
+    as_bytes: bool
+    """its dtype has no buffer format (ml_dtypes): fed as a flat view of bytes"""
 
 
 class StateHasher:
@@ -123,11 +140,14 @@ class StateHasher:
     A training loop hashes a state of the same leaves update after update; the
     grouping of leaf paths into components and each leaf's header bytes (path,
     dtype, shape) are computed once per layout instead of on every update.
+    A leaf may be a NumPy array or any array exporting its canonical bytes
+    through the buffer protocol (a single-device JAX array on a little-endian host).
     """
 
     def __init__(self) -> None:
         self._groups: dict[tuple[str, ...], tuple[tuple[str, tuple[int, ...]], ...]] = {}
-        self._heads: dict[tuple[str, np.dtype[Any], tuple[int, ...]], bytes] = {}
+        self._layouts: dict[tuple[str, Any, tuple[int, ...]], Layout] = {}
+        self._recipes: dict[int, Recipe] = {}
 
     def __call__(self, leaves: Leaves, step: int) -> tuple[str, dict[str, str]]:
         """The complete-state hash and its component digests, as `state_hash` gives them."""
@@ -138,30 +158,139 @@ class StateHasher:
         hashes = {}
         for name, indices in groups:
             hasher: Any = xxhash.xxh3_128()  # numpy arrays are buffers; the stub says Buffer
+            joined: list[Any] = []
             for index in indices:
                 path, array = leaves[index]
-                if array.dtype.byteorder == ">" or not array.flags.c_contiguous:
+                if type(array) is np.ndarray and (
+                    array.dtype.byteorder == ">" or not array.flags.c_contiguous
+                ):
                     array = little_endian(array)
-                hasher.update(self._head(path, array))
-                try:  # the array's own buffer: its bytes in order, without a reshaped view
-                    hasher.update(array)
-                except (BufferError, TypeError, ValueError):  # a dtype the buffer protocol lacks
-                    hasher.update(array.reshape(-1).view(np.uint8))
+                layout = self._layout(path, array)
+                joined.append(layout.head)
+                if layout.as_bytes:
+                    array = array.reshape(-1).view(np.uint8)
+                if layout.nbytes <= JOINED_AT_MOST:
+                    joined.append(array)
+                    continue
+                hasher.update(b"".join(joined))
+                hasher.update(array)
+                joined = []
+            hasher.update(b"".join(joined))
             hashes[name] = hasher.hexdigest()
         hashes["step"] = xxhash.xxh3_128(str(step).encode()).hexdigest()
         return state_hash_of(hashes), hashes
 
-    def _head(self, path: str, array: np.ndarray) -> bytes:
-        """`update_with_leaf`'s header, which names the shape `little_endian` gives (0-d is [1])."""
+    def of_buffers(
+        self, paths: list[str], values: list[Any], step: int, layout: Hashable
+    ) -> tuple[str, dict[str, str]]:
+        """``self(list(zip(paths, values)), step)``, bit for bit, for values that all export
+        their canonical bytes, with no Python per leaf once their layout is known: per
+        component, the leaves' headers and buffers are joined in one call (`Recipe`).
+
+        ``paths`` must be the same list object for the same paths (a flattener's cache);
+        ``layout`` anything equal exactly when the values' dtypes and shapes are (the
+        caller's leaves' dtypes and shapes, which fix those of what it exports).  Raises
+        `BufferError` (or the exporter's error) for a value that does not export its bytes
+        contiguously; the caller then hashes host arrays instead.
+        """
+        recipe = self._recipes.get(id(paths))
+        if recipe is None or recipe.paths is not paths or layout != recipe.layout:
+            if len(self._recipes) >= MAX_CACHED_RECIPES:
+                self._recipes.clear()
+            recipe = self._recipes[id(paths)] = Recipe(self, paths, values, layout)
+        return recipe(values, step)
+
+    def _layout(self, path: str, array: Any) -> Layout:
+        """`update_with_leaf`'s header, which names the shape `little_endian` gives (0-d is
+        [1]), with the leaf's size and whether its dtype lacks a buffer format."""
         key = (path, array.dtype, array.shape)
-        head = self._heads.get(key)
-        if head is None:
-            if len(self._heads) >= MAX_CACHED_HEADS:  # a state whose shapes keep changing
-                self._heads.clear()
-            canonical = little_endian(array)
+        layout = self._layouts.get(key)
+        if layout is None:
+            if len(self._layouts) >= MAX_CACHED_HEADS:  # a state whose shapes keep changing
+                self._layouts.clear()
+            canonical = little_endian(np.asarray(array))
             text = f"{path}\0{canonical.dtype.name}\0{list(canonical.shape)}\0"
-            head = self._heads[key] = text.encode()
-        return head
+            layout = Layout(text.encode(), canonical.nbytes, canonical.dtype.isbuiltin != 1)
+            self._layouts[key] = layout
+        return layout
+
+
+MAX_CACHED_RECIPES = 64
+Segment = tuple[list[Any], Callable[[list[Any]], Any], bool]
+"""headers with a place after each, what fills the places, and whether to join them (else
+one leaf, hashed where it lies)"""
+
+
+class Recipe:
+    """How `StateHasher.of_buffers` hashes a state of one layout: per component, segments
+    of a template (each leaf's header, then a place for its buffer) filled in one C call
+    (`operator.itemgetter`) and joined in another, so that the hash of a state of many
+    small leaves releases the interpreter lock a few times instead of twice per leaf.  A
+    leaf over `JOINED_AT_MOST`, or of a dtype with no buffer format, is a segment of its
+    own, hashed where it lies."""
+
+    def __init__(
+        self,
+        hasher: StateHasher,
+        paths: list[str],
+        values: list[Any],
+        layout: Hashable,
+    ) -> None:
+        self.paths, self.layout = paths, layout
+        self.components: list[tuple[str, list[Segment]]] = []
+        for name, indices in _groups_of(tuple(paths)):
+            segments: list[Segment] = []
+            heads: list[bytes] = []
+            members: list[int] = []
+            for index in indices:
+                leaf = hasher._layout(paths[index], values[index])
+                if leaf.nbytes <= JOINED_AT_MOST and not leaf.as_bytes:
+                    heads.append(leaf.head)
+                    members.append(index)
+                    continue
+                if heads:
+                    segments.append(_joined(heads, members))
+                segments.append(_alone(leaf, index))
+                heads, members = [], []
+            if heads:
+                segments.append(_joined(heads, members))
+            self.components.append((name, segments))
+
+    def __call__(self, values: list[Any], step: int) -> tuple[str, dict[str, str]]:
+        """The complete-state hash and its component digests, as `state_hash` gives them."""
+        hashes = {}
+        for name, segments in self.components:
+            hasher: Any = xxhash.xxh3_128()
+            for template, take, joined in segments:
+                if joined:
+                    parts = template.copy()
+                    parts[1::2] = take(values)
+                    hasher.update(b"".join(parts))
+                else:  # one leaf, where it lies
+                    hasher.update(template[0])
+                    hasher.update(take(values)[0])
+            hashes[name] = hasher.hexdigest()
+        hashes["step"] = xxhash.xxh3_128(str(step).encode()).hexdigest()
+        return state_hash_of(hashes), hashes
+
+
+def _joined(heads: list[bytes], indices: list[int]) -> Segment:
+    """A template of headers with a place after each, and what takes their buffers."""
+    template: list[Any] = []
+    for head in heads:
+        template += [head, None]
+    if len(indices) == 1:
+        index = indices[0]
+        return template, lambda values: (values[index],), True
+    return template, operator.itemgetter(*indices), True
+
+
+def _alone(leaf: Layout, index: int) -> Segment:
+    """One leaf hashed where it lies: a large one, or one whose dtype has no buffer format
+    (fed as a flat view of bytes)."""
+    if leaf.as_bytes:
+        return [leaf.head], lambda values: (values[index].reshape(-1).view(np.uint8),), False
+    return [leaf.head], lambda values: (values[index],), False
 
 
 def _groups_of(paths: tuple[str, ...]) -> tuple[tuple[str, tuple[int, ...]], ...]:

@@ -144,8 +144,19 @@ def attached_run(events: io.StringIO, steps: int, hash_every: int) -> Any:
     )
 
 
+@pytest.fixture(params=["here", "thread"])
+def hashed_where(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test twice: a small state hashed on the training thread (as it is), and every
+    state hashed on the emitter's thread (as a state of `HASHED_HERE_BELOW` or more is)."""
+    if request.param == "thread":
+        monkeypatch.setattr("jobwarden.sdk.run.HASHED_HERE_BELOW", 0)
+    return str(request.param)
+
+
+@pytest.mark.usefixtures("hashed_where")
 class TestHashedProgress:
-    """A run's hashed progress events, their hashes computed off the training thread."""
+    """A run's hashed progress events, their hashes computed on the training thread for a
+    small state and on the emitter's thread for a large one."""
 
     def test_each_hash_is_the_hash_of_the_state_reported(self) -> None:
         """hash_every=2: every hashed event carries state_hash of that update's state, in
@@ -187,8 +198,9 @@ CRASHING = textwrap.dedent(
     import os, signal, sys, threading
     import numpy as np
     import jobwarden.sdk as jw
-    from jobwarden.sdk import stream
+    from jobwarden.sdk import run as sdk_run, stream
 
+    sdk_run.HASHED_HERE_BELOW = 0  # every hash on the emitter's thread, even this small one
     crash_at, events = int(sys.argv[1]), sys.argv[2]
     gate = threading.Event()
     with jw.attach(config={"lr": 0.1}, data_hash="none", name="toy", steps=6,

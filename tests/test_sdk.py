@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -366,6 +367,63 @@ class TestCachedHashing:
                 )
             assert state_hash(expected, 11) == hasher(found, 11)
 
+    def test_a_snapshot_hashed_from_its_buffers_hashes_the_same(self) -> None:
+        """`Snapshot.hash` (the arrays' own buffers joined per component, no host views)
+        gives state_hash for every kind of leaf, cold and warm, and keeps to the buffers."""
+        from jobwarden.hashing import StateHasher, state_hash
+        from jobwarden.sdk.leaves import Flattener
+
+        flatten, hasher = Flattener(), StateHasher()
+        for step, state in enumerate(self.states() * 2):
+            expected = state_hash(state_tree.flatten(state), step)
+            assert expected == flatten.snapshot(state).hash(hasher, step)
+        assert flatten.exports
+
+    def test_a_large_leaf_is_hashed_where_it_lies_and_hashes_the_same(self) -> None:
+        """Leaves over JOINED_AT_MOST between small ones, in one component and across."""
+        import jax.numpy as jnp
+
+        from jobwarden.hashing import JOINED_AT_MOST, StateHasher, state_hash
+        from jobwarden.sdk.leaves import Flattener
+
+        big = JOINED_AT_MOST // 4 + 1  # float32: one element over the bound
+        state = {
+            "model": {"a": jnp.ones(3), "b": jnp.arange(big, dtype=jnp.float32), "c": jnp.ones(2)},
+            "opt": {"m": jnp.full(big + 5, 2.0), "n": np.arange(4)},
+        }
+        flatten, hasher = Flattener(), StateHasher()
+        for step in range(2):
+            assert state_hash(state_tree.flatten(state), step) == flatten.snapshot(state).hash(
+                hasher, step
+            )
+
+    def test_a_state_whose_array_refuses_its_buffer_is_hashed_from_host_views(self) -> None:
+        """An array over two devices exports no buffer: the same hash, from host views, and
+        the flattener stops trying."""
+        script = textwrap.dedent(
+            """
+            import os
+            os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+            import jax, jax.numpy as jnp, numpy as np
+            from jax.sharding import Mesh, NamedSharding, PartitionSpec
+            from jobwarden import statetree
+            from jobwarden.hashing import StateHasher, state_hash
+            from jobwarden.sdk.leaves import Flattener
+            mesh = Mesh(np.array(jax.devices()), ("d",))
+            spread = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, PartitionSpec("d")))
+            state = {"a": jnp.ones(3), "spread": spread}
+            flatten, hasher = Flattener(), StateHasher()
+            found = flatten.snapshot(state).hash(hasher, 4)
+            assert found == state_hash(statetree.flatten(state), 4), found
+            assert not flatten.exports
+            print("ok")
+            """
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=False
+        )
+        assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
     def test_a_leaf_a_checkpoint_cannot_hold_is_refused_the_same_way(self) -> None:
         """A string leaf or a complex array: UnsupportedLeaf naming the leaf, cached or not."""
         import jax.numpy as jnp
@@ -429,7 +487,8 @@ class TestHeldEvents:
         self,
     ) -> None:
         """hash_every=3: once the emitter is drained after a hashed step's run.progress, the
-        stream holds it (hashed on the emitter's thread); every event is out by the end."""
+        stream holds it (hashed on the training thread, the state being small); every event
+        is out by the end."""
         events = io.StringIO()
         seen_after: dict[int, list[tuple[str, int | None]]] = {}
         with jw.attach(

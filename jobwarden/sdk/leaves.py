@@ -12,6 +12,9 @@ treedef, which fixes every key of the path) and the kind of leaf per dtype.
 
 from __future__ import annotations
 
+import contextlib
+import operator
+import sys
 from typing import Any, cast
 
 import numpy as np
@@ -20,9 +23,15 @@ from jobwarden import statetree as state_tree
 from jobwarden.checkpoint.manifest import SAFETENSORS_DTYPES
 from jobwarden.checkpoint.validate import Expected
 from jobwarden.errors import WorkerInternalError
-from jobwarden.hashing import Leaves
+from jobwarden.hashing import Leaves, StateHasher, little_endian
 
 MAX_CACHED_TREES = 64
+HASHED_HERE_BELOW = 4 << 20
+"""A state smaller than this is hashed on the training thread, right after its update:
+handing it to the emitter's thread costs the training loop more than its hash (the
+thread's Python contends for the interpreter lock and a core).  A larger one is hashed
+on that thread while the next update runs, its bytes hashed without the lock."""
+_DTYPE, _SHAPE = operator.attrgetter("dtype"), operator.attrgetter("shape")
 
 
 class Flattener:
@@ -32,8 +41,13 @@ class Flattener:
         import jax
 
         self._jax = jax
-        self._paths: dict[Any, list[str]] = {}
+        self._paths: dict[Any, tuple[list[str], int]] = {}
+        """per treedef: the leaves' paths, and their bytes when the tree was first seen"""
         self._kinds: dict[Any, str] = {}
+        self._immutable: set[type] = set()
+        """the types of JAX array seen: kept as they are, a type check per leaf in C"""
+        self._exports = sys.byteorder == "little"  # the canonical bytes are little-endian
+        self._plans: dict[int, tuple[list[str], tuple[Any, ...], tuple[tuple[int, str], ...]]] = {}
 
     def __call__(self, state: Any) -> Leaves:
         """Named host copies (or views) of every leaf; raises `statetree.UnsupportedLeaf`."""
@@ -45,17 +59,31 @@ class Flattener:
         it may change in place), a JAX array as it is (immutable), anything else as a host
         copy made now (a NumPy array is the program's to change)."""
         values, treedef = self._jax.tree_util.tree_flatten(state)
-        paths = self._paths.get(treedef)
-        if paths is None:
+        tree = self._paths.get(treedef)
+        if tree is None:
             if len(self._paths) >= MAX_CACHED_TREES:
                 self._paths.clear()
-            paths = self._paths[treedef] = state_tree.leaf_paths(state)
+            tree = self._paths[treedef] = (state_tree.leaf_paths(state), _nbytes(values))
+        paths, nbytes = tree
+        if all(map(self._immutable.__contains__, map(type, values))):
+            return Snapshot(self, paths, values, nbytes)  # every leaf a JAX array, as it is
         array_type = self._jax.Array
         taken = [
             value if isinstance(value, array_type) else _copied(path, value)
             for path, value in zip(paths, values, strict=True)
         ]
-        return Snapshot(self, paths, taken)
+        self._immutable.update(type(v) for v in values if isinstance(v, array_type))
+        return Snapshot(self, paths, taken, nbytes)
+
+    def named(self, state: Any) -> Snapshot:
+        """`snapshot`, refusing a state that is a bare array (a leaf with no path)."""
+        snapshot = self.snapshot(state)
+        if not all(snapshot.paths):
+            raise UsageError(
+                "the state must be a container of named components (a dict, a "
+                "tuple, an NNX State), not a bare array"
+            )
+        return snapshot
 
     def host(self, path: str, leaf: Any) -> np.ndarray:
         """One leaf as a host array (a view of a JAX array's buffer where it can be)."""
@@ -64,6 +92,8 @@ class Flattener:
         kind = self._kinds.get(leaf.dtype)
         if kind is None:
             kind = self._kinds[leaf.dtype] = self._kind_of(leaf)
+        if kind == "buffer":
+            kind = "array"
         if kind == "array" and not leaf.is_fully_addressable:
             if leaf.is_fully_replicated:  # every member holds it whole
                 return np.asarray(leaf.addressable_data(0))
@@ -80,12 +110,68 @@ class Flattener:
                 return np.asarray(data)
         return state_tree.host_array(path, leaf)
 
+    def exported(self, paths: list[str], values: list[Any], dtypes: tuple[Any, ...]) -> list[Any]:
+        """The values (of ``dtypes``), each as an exporter of its canonical bytes
+        (`StateHasher.of_buffers`): a JAX array as it is (on this host, the buffer
+        protocol gives its bytes once it is ready), a typed key as its raw key data, a
+        NumPy array in canonical order, the rest as `host` gives them.  The choice is made
+        once per tree and dtypes."""
+        plan = self._plans.get(id(paths))
+        if plan is None or plan[0] is not paths or plan[1] != dtypes:
+            if len(self._plans) >= MAX_CACHED_TREES:
+                self._plans.clear()
+            plan = self._plans[id(paths)] = (paths, dtypes, self._plan(paths, values))
+        changed = plan[2]
+        if not changed:
+            return values
+        values = list(values)
+        for index, kind in changed:
+            value = values[index]
+            if kind == "key":
+                values[index] = value._base_array
+            elif kind == "numpy":
+                values[index] = little_endian(value)
+            else:
+                values[index] = self.host(paths[index], value)
+        return values
+
+    def _plan(self, paths: list[str], values: list[Any]) -> tuple[tuple[int, str], ...]:
+        """The leaves `exported` gives otherwise than as they are: keys, NumPy arrays whose
+        bytes are not canonical as they lie (big-endian, strided), and host arrays."""
+        changed = []
+        for index, (path, value) in enumerate(zip(paths, values, strict=True)):
+            if isinstance(value, np.ndarray):
+                if value.dtype.byteorder == ">" or not value.flags.c_contiguous:
+                    changed.append((index, "numpy"))
+                continue
+            self.host(path, value)  # learns its dtype's kind
+            kind = self._kinds.get(value.dtype) if isinstance(value, self._jax.Array) else None
+            if kind == "buffer":
+                continue
+            if kind == "key" and getattr(value, "_base_array", None) is not None:
+                changed.append((index, "key"))
+            else:
+                changed.append((index, "host"))
+        return tuple(changed)
+
+    @property
+    def exports(self) -> bool:
+        """Whether states are hashed from their arrays' own buffers (`Snapshot.hash`): not
+        on a big-endian host, nor once an array refused its buffer (`no_exports`)."""
+        return self._exports
+
+    def no_exports(self) -> None:
+        """Give every later state the host views of `leaves` (an array refused its buffer)."""
+        self._exports = False
+
     def _kind_of(self, leaf: Any) -> str:
-        """``array`` (saved as is), ``key`` (a typed PRNG key) or ``other`` (the general path)."""
+        """``buffer`` or ``array`` (saved as is; a ``buffer`` also exports its bytes), ``key``
+        (a typed PRNG key) or ``other`` (the general path)."""
         if state_tree.is_typed_key(leaf):
             return "key"
         if np.dtype(leaf.dtype).name in SAFETENSORS_DTYPES:
-            return "array"
+            # NumPy's own dtypes have a buffer format; ml_dtypes' (bfloat16, float8) do not
+            return "buffer" if np.dtype(leaf.dtype).isbuiltin == 1 else "array"
         return "other"
 
 
@@ -109,6 +195,15 @@ def same_tree(specs: tuple[Any, ...], expected: Expected) -> None:
     raise UsageError(f"the state has {len(specs)} leaves, run.restore() had {len(expected.leaves)}")
 
 
+def _nbytes(values: list[Any]) -> int:
+    """The leaves' bytes together, as far as they tell (a leaf that does not counts 0)."""
+    total = 0
+    for value in values:
+        with contextlib.suppress(Exception):
+            total += int(getattr(value, "nbytes", 0))
+    return total
+
+
 def _copied(path: str, leaf: Any) -> np.ndarray:
     """A leaf that is not a JAX array, as a host array the program can no longer change."""
     array = state_tree.host_array(path, leaf)
@@ -118,15 +213,38 @@ def _copied(path: str, leaf: Any) -> np.ndarray:
 class Snapshot:
     """A state's leaves as `Flattener.snapshot` took them; `leaves` gives their host arrays."""
 
-    def __init__(self, flattener: Flattener, paths: list[str], values: list[Any]) -> None:
+    def __init__(
+        self, flattener: Flattener, paths: list[str], values: list[Any], nbytes: int
+    ) -> None:
         self._flattener = flattener
         self.paths = paths
         self._values = values
+        self.nbytes = nbytes
+        """the state's size, as its tree's first state had it"""
 
     def leaves(self) -> Leaves:
         """Named host arrays of every leaf (its caches are dicts: any thread may call this)."""
         host = self._flattener.host
         return [(path, host(path, v)) for path, v in zip(self.paths, self._values, strict=True)]
+
+    def hash(self, hasher: StateHasher, step: int) -> tuple[str, dict[str, str]]:
+        """``hasher(self.leaves(), step)``, bit for bit, from the arrays' own buffers
+        (`Flattener.exported`, `StateHasher.of_buffers`): no host view is made and no
+        Python runs per leaf, which on the emitter's thread would hold the interpreter
+        lock the training thread dispatches with.  A state one of whose arrays refuses
+        its buffer (over several devices, say) is hashed from `leaves`, and so is every
+        later one."""
+        if self._flattener.exports:
+            values = self._values
+            layout = (tuple(map(_DTYPE, values)), tuple(map(_SHAPE, values)))
+            try:
+                exported = self._flattener.exported(self.paths, values, layout[0])
+                return hasher.of_buffers(self.paths, exported, step, layout)
+            except (BufferError, TypeError, ValueError, RuntimeError):
+                if self.donated():
+                    raise RuntimeError("an array of the state was donated") from None
+                self._flattener.no_exports()
+        return hasher(self.leaves(), step)
 
     def donated(self) -> bool:
         """Whether a JAX array of it was deleted since (donated to a later update)."""

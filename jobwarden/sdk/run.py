@@ -23,7 +23,7 @@ from jobwarden.checkpoint.format import Manifest, Provenance, leaf_specs
 from jobwarden.checkpoint.validate import Expected
 from jobwarden.errors import PreemptedExit, ResumePolicyError
 from jobwarden.hashing import Leaves
-from jobwarden.sdk.leaves import UsageError, same_tree
+from jobwarden.sdk.leaves import HASHED_HERE_BELOW, Snapshot, UsageError, same_tree
 from jobwarden.sdk.session import Session
 from jobwarden.shards.attach import Place, open_sharded
 from jobwarden.shards.commit import ShardCommitter
@@ -260,6 +260,12 @@ class Run(Session):
         if now:
             leaves = self._leaves(state)
             digest, components = self._state_hash(leaves, step)
+        elif later:
+            snapshot = self._named(state)
+            later = snapshot.nbytes >= HASHED_HERE_BELOW  # else cheaper here than handed over
+            if not later:
+                digest, components = snapshot.hash(self._state_hash, step)
+        if (now or step % run.hash_every == 0) and not later:
             fields = {"state_hash": digest, "components": components}
             self._hashed = (step, digest, components)
         if metrics:
@@ -274,8 +280,8 @@ class Run(Session):
             **fields,
         }
         if later:
-            self.emitter.emit_later("progress", self._hash_later(state, step), **event)
-        elif leaves is not None:  # evidence: written at once
+            self.emitter.emit_later("progress", self._hash_later(snapshot, step), **event)
+        elif fields["state_hash"] is not None:  # evidence: written at once
             self.emitter.emit("progress", **event)
         else:  # may share a later write
             self.emitter.emit_held("progress", **event)
@@ -287,27 +293,19 @@ class Run(Session):
             self._commit(step, leaves)
         self.faults.after_update(step)
 
-    def _hash_later(self, state: Any, step: int) -> Callable[[], dict[str, Any]]:
-        """The hash of ``state`` at ``step`` as the event's fields, to be computed on the
-        emitter's thread.  The leaves are taken out of the program's containers here, before
-        the next update (a JAX array is immutable; anything else is copied now); their host
-        views and the hash are made there."""
-        if self._flatten is None:
-            self._leaves(state)  # makes the flattener, and refuses a bare array
-        assert self._flatten is not None
-        snapshot = self._flatten.snapshot(state)
-        if any(not path for path in snapshot.paths):
-            self._leaves(state)  # raises the bare array's UsageError
+    def _hash_later(self, snapshot: Snapshot, step: int) -> Callable[[], dict[str, Any]]:
+        """The hash of ``snapshot`` at ``step`` as the event's fields, to be computed on the
+        emitter's thread (the leaves were taken out of the program's containers before the
+        next update: a JAX array is immutable; anything else was copied)."""
         hasher = self._state_hash  # its caches are dicts: safe to share under the GIL
 
         def fields() -> dict[str, Any]:
             try:
-                leaves = snapshot.leaves()
+                digest, components = snapshot.hash(hasher, step)
             except RuntimeError:
                 if not snapshot.donated():
                     raise
                 return {}  # donated to the next update before it was hashed: not a point
-            digest, components = hasher(leaves, step)
             return {"state_hash": digest, "components": components}
 
         return fields

@@ -35,7 +35,7 @@ from jobwarden.sdk.commits import Committer
 from jobwarden.sdk.distributed import Membership
 from jobwarden.sdk.external import PendingSaves, unfinished_warning
 from jobwarden.sdk.faults import FaultPlan
-from jobwarden.sdk.leaves import Flattener, UsageError
+from jobwarden.sdk.leaves import Flattener, Snapshot, UsageError
 from jobwarden.sdk.provenance import Identity, data_identity, normalize_config, source_paths
 from jobwarden.sdk.settings import RUN_FILE_ENV, Request, Settings, resolve, split_argv
 from jobwarden.sdk.signals import Preemption
@@ -356,16 +356,13 @@ class Session:
         if self._stream is not None:
             self._stream.close()
 
-    def _leaves(self, state: Any) -> Leaves:
+    def _named(self, state: Any) -> Snapshot:
         if self._flatten is None:
             self._flatten = Flattener()
-        leaves = self._flatten(state)
-        if any(not path for path, _ in leaves):
-            raise UsageError(
-                "the state must be a container of named components (a dict, a "
-                "tuple, an NNX State), not a bare array"
-            )
-        return leaves
+        return self._flatten.named(state)
+
+    def _leaves(self, state: Any) -> Leaves:
+        return self._named(state).leaves()
 
     def _before_start(self, what: str) -> None:
         if self._phase is not Phase.ENTERED:
