@@ -18,9 +18,10 @@ overhead is the median over rounds of its ratio to the bare loop of the same
 round, minus one; ``in SDK`` is the time spent inside the SDK's calls
 (``run.progress``, after the update's result is ready), as a share of the bare
 update, measured in the same loop.  Flattening and hashing a fresh state alone
-is timed in the same rounds, as the SDK does it (paths and leaf headers cached
-per layout) and uncached (`jobwarden.statetree.flatten` and ``state_hash``, which
-give the same hash), to show where the time goes.
+is timed in the same rounds, as the SDK does it (paths, leaf headers and the
+per-component recipe cached per layout, the arrays' own buffers joined) and
+uncached (`jobwarden.statetree.flatten` and ``state_hash``, which give the same
+hash), to show where the time goes.
 Also for a wider model (``--hidden``), whose larger state shows what
 ``hash_every`` buys.  Target: at most 5 % of the update time.
 
@@ -188,9 +189,10 @@ def attached(
 def hash_alone(trainer: Any, state: Any, samples: int) -> tuple[float, float]:
     """The mean time of flattening a fresh state to named host leaves and hashing them.
 
-    As the SDK does it (paths and leaf headers cached per layout: `Flattener`,
-    `StateHasher`), and uncached (`state.flatten`, `state_hash`: the same hash),
-    each on the state of a new update, whose host copies nobody has made yet.
+    As the SDK does it (paths, leaf headers and the per-component recipe cached per
+    layout, the arrays' own buffers joined: `Flattener.snapshot`, `Snapshot.hash`), and
+    uncached (`state.flatten`, `state_hash`: the same hash), each on the state of a new
+    update, whose host copies nobody has made yet.
     """
     flatten, hasher = Flattener(), StateHasher()
     spent = [0.0, 0.0]
@@ -199,7 +201,7 @@ def hash_alone(trainer: Any, state: Any, samples: int) -> tuple[float, float]:
         float(loss)
         began = time.perf_counter()
         if sample % 2 == 0:
-            hasher(flatten(state), sample)
+            flatten.snapshot(state).hash(hasher, sample)
         else:
             state_hash(state_tree.flatten(state), sample)
         spent[sample % 2] += time.perf_counter() - began

@@ -26,9 +26,13 @@ STATE_HASH_VERSION = b"jobwarden-state-v1"
 Leaves = list[tuple[str, np.ndarray]]
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
 def canonical_json(value: Any) -> bytes:
-    """Stable JSON bytes: sorted keys, no whitespace, no NaN."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    """Stable JSON bytes: sorted keys, no whitespace, no NaN (`json.dumps` with those
+    options, without building an encoder for every call)."""
+    return _CANONICAL.encode(value).encode()
 
 
 def little_endian(array: np.ndarray) -> np.ndarray:

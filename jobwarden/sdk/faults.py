@@ -64,11 +64,13 @@ class FaultPlan:
             raise InjectedFailure(f"controlled failure after update {step}", step=step)
         if self.faults.crash_after == step:
             # The drill crashes after the update's event is out, hashed in the background
-            # or not, so that its verification points do not depend on a thread's timing.
+            # or not, held for a later write or not, so that its verification points do
+            # not depend on a thread's timing.
             # A real crash (and crash_every_s) may come before: then that hash is simply
             # not a verification point.
             if isinstance(self.emitter, RunEmitter):
                 self.emitter.drain()
+                self.emitter.release()  # and the ones held for a later write
             hard_crash(f"crash_after={step}")
 
     def commit_hook(self, step: int) -> Callable[[Path], None] | None:

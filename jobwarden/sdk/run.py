@@ -234,13 +234,15 @@ class Run(Session):
 
         The event carries the state hash (every ``hash_every`` steps, at each
         commit and at the last), so a replay can be verified update by update.
-        A hash on the cadence alone is computed on the emitter's thread from the
-        update's host copy while the next update runs, and its event written once
-        it is ready, in order (`RunEmitter.emit_later`); one the step commits,
-        agrees on or ends with is computed here, as the commit record needs it.
-        An event the cadence leaves unhashed may wait up to ``HOLD_S`` (0.1 s) to
-        share the next write (`RunEmitter.emit_held`).  ``loss`` and ``metrics``
-        are reported as floats.  Drill faults fire here, after the update.
+        A hash on the cadence alone is computed here from the arrays' own buffers
+        for a state under `HASHED_HERE_BELOW`, and its event may wait up to
+        ``HOLD_S`` (0.1 s) to share the next write (`RunEmitter.emit_held`), as an
+        unhashed one does; for a larger state it is computed on the emitter's
+        thread while the next update runs, and its event written once it is ready,
+        in order (`RunEmitter.emit_later`).  One the step commits, agrees on or
+        ends with is computed here from host views and written at once, as the
+        commit record needs it.  ``loss`` and ``metrics`` are reported as floats.
+        Drill faults fire here, after the update.
         """
         if self._pending != step:
             at = "no step" if self._pending is None else f"step {self._pending}"
@@ -281,7 +283,7 @@ class Run(Session):
         }
         if later:
             self.emitter.emit_later("progress", self._hash_later(snapshot, step), **event)
-        elif fields["state_hash"] is not None:  # evidence: written at once
+        elif leaves is not None:  # evidence: written at once
             self.emitter.emit("progress", **event)
         else:  # may share a later write
             self.emitter.emit_held("progress", **event)
