@@ -1,0 +1,106 @@
+"""Intake's order of work: each outcome is applied once it is durable.
+
+Real files and the real intake thread (the kill at each instant is
+`tests/test_intake_safety.py`'s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobwarden.daemon.intake.queue import Intake
+from jobwarden.daemon.intake.spool import Rejection, Spool
+from jobwarden.daemon.store.layout import Root
+from jobwarden.jobfile import Job
+from tests.test_intake_safety import GOOD, arrive
+
+WAIT_S = 10.0
+"""The longest a take waits for the loop to admit the request before it (a bound, not a
+figure: the loop is idle meanwhile)."""
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Root:
+    """A daemon root with every folder created."""
+    created = Root(tmp_path / "root")
+    created.create()
+    return created
+
+
+def fsynced_paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the path of every descriptor ``os.fsync`` is called on, in order."""
+    seen: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        seen.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return seen
+
+
+class TestEachOutcomeAtOnce:
+    """An accepted request is admitted as soon as its folder is durable."""
+
+    def test_a_request_is_admitted_before_the_next_of_its_batch_is_taken(self, root: Root) -> None:
+        """The second take of one batch finds the first job admitted already."""
+        admitted: list[Job | Rejection] = []
+        found_admitted: list[int] = []
+
+        class Watching(Spool):
+            def take(self, path: Path) -> Job | Rejection | None:
+                if path.name == "r1.toml":
+                    deadline = time.monotonic() + WAIT_S
+                    while not admitted and time.monotonic() < deadline:
+                        time.sleep(0.005)
+                    found_admitted.append(len(admitted))
+                return super().take(path)
+
+        paths = [
+            arrive(root, f"r{i}.toml", f'id = "r{i}"\ntask = "linreg"\n'.encode()) for i in (0, 1)
+        ]
+
+        async def run() -> list[Any]:
+            queue = Intake(Watching(root, known=lambda job_id: False), admitted.append)
+            outcomes = await asyncio.gather(*(queue.put(path) for path in paths))
+            await queue.close()
+            return outcomes
+
+        outcomes = asyncio.run(run())
+        assert found_admitted == [1]
+        assert [job.id for job in admitted if isinstance(job, Job)] == ["r0", "r1"]
+        assert [job.id for job in outcomes] == ["r0", "r1"]
+
+    def test_requests_taken_after_close_are_not_admitted(self, root: Root) -> None:
+        """A take that ends once intake has closed resolves None and admits nothing."""
+        admitted: list[Job | Rejection] = []
+        closed = threading.Event()
+
+        class Slow(Spool):
+            def take(self, path: Path) -> Job | Rejection | None:
+                closed.wait(WAIT_S)
+                return super().take(path)
+
+        path = arrive(root, "late.toml", GOOD)
+
+        queue = Intake(Slow(root, known=lambda job_id: False), admitted.append)
+
+        async def run() -> Any:
+            future = queue.put(path)
+            await asyncio.sleep(0.05)
+            await queue.close()
+            closed.set()
+            return await future
+
+        assert asyncio.run(run()) is None
+        queue.executor.shutdown(wait=True)  # the take under way ends (its job is durable)
+        assert (root.job("good") / "state.json").is_file()
+        assert admitted == []
