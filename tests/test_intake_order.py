@@ -1,13 +1,15 @@
-"""Intake's order of work: each outcome is applied once it is durable.
+"""Intake's order of work: each outcome is applied once it is durable, and every file of a
+staging folder, and the folder, is fsynced before the folder is renamed into place.
 
-Real files and the real intake thread (the kill at each instant is
-`tests/test_intake_safety.py`'s).
+Real files and the real intake thread; the fsyncs are recorded by wrapping ``os.fsync``
+(the kill at each instant is `tests/test_intake_safety.py`'s).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 
 from jobwarden.daemon.intake.queue import Intake
 from jobwarden.daemon.intake.spool import Rejection, Spool
+from jobwarden.daemon.store import jobs, staging
 from jobwarden.daemon.store.layout import Root
 from jobwarden.jobfile import Job
 from tests.test_intake_safety import GOOD, arrive
@@ -104,3 +107,48 @@ class TestEachOutcomeAtOnce:
         queue.executor.shutdown(wait=True)  # the take under way ends (its job is durable)
         assert (root.job("good") / "state.json").is_file()
         assert admitted == []
+
+
+class TestStagingFiles:
+    """`staging.write_new_files`: every file and the folder durable on return."""
+
+    def test_each_file_and_the_folder_is_fsynced(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """One fsync per file and one of the folder, the folder's before the files'."""
+        folder = tmp_path / "staging"
+        folder.mkdir()
+        seen = fsynced_paths(monkeypatch)
+        staging.write_new_files(folder, {"a": b"1", "b": b"22", "c": b""})
+        assert [str(folder)] + [str(folder / n) for n in "abc"] == seen
+
+    def test_the_files_hold_their_bytes_privately(self, tmp_path: Path) -> None:
+        """Each file holds exactly its bytes, mode 0600."""
+        staging.write_new_files(tmp_path, {"x.toml": GOOD, "y.json": b"{}\n"})
+        assert (tmp_path / "x.toml").read_bytes() == GOOD
+        assert (tmp_path / "y.json").read_bytes() == b"{}\n"
+        assert stat.S_IMODE((tmp_path / "x.toml").stat().st_mode) == 0o600
+
+    def test_a_name_taken_already_is_refused_and_nothing_left_open(self, tmp_path: Path) -> None:
+        """FileExistsError for an existing name; the descriptors opened before it are closed."""
+        (tmp_path / "b").write_bytes(b"theirs")
+        before = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(FileExistsError):
+            staging.write_new_files(tmp_path, {"a": b"1", "b": b"2"})
+        assert before == len(os.listdir("/proc/self/fd"))
+        assert (tmp_path / "b").read_bytes() == b"theirs"
+
+    def test_a_job_folder_is_durable_before_it_is_renamed_into_place(
+        self, root: Root, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """create_folder fsyncs the staging folder and its three files, then ``jobs/``."""
+        seen = fsynced_paths(monkeypatch)
+        job = Spool(root, known=lambda job_id: False)._validate(
+            arrive(root, "g.toml", GOOD), "g.toml"
+        )
+        assert job[1] is not None
+        jobs.create_folder(root, job[1][0], GOOD, ".toml", claim="1.g.toml", request_name="g.toml")
+        staged = root.jobs / f"{jobs.STAGING_PREFIX}good"
+        expected = [staged] + [staged / n for n in ("request.toml", "job.json", "state.json")]
+        assert [str(p) for p in expected] + [str(root.jobs)] == seen
+        assert (root.job("good") / "request.toml").read_bytes() == GOOD
