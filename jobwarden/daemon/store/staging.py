@@ -13,8 +13,9 @@ running transaction.  Written and fsynced one after the other, the three
 files cost three commits before the folder's own; with their writeback
 started first their blocks share one transaction, the folder's fsync commits
 it, and the files' fsyncs find their data written and their transaction
-committed.  Each commit also waits for whatever other processes' writes that
-transaction holds, which is where a busy disk's tail comes from.
+committed (each still flushes the disk's cache).  Each commit also waits for
+whatever other processes' writes that transaction holds, which is where a
+busy disk's tail comes from.
 """
 
 from __future__ import annotations
