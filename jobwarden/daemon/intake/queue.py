@@ -4,9 +4,11 @@ Claiming, validating and the fsyncs that make a job folder or a rejection
 durable (`Spool.take`) run in one dedicated thread, so requests are taken one
 at a time, in order, and the loop stays free to answer the control socket and
 ping the watchdog however full the spool is.  The loop hands that thread at
-most `BATCH` paths at once and applies their outcomes (``admit``: register the
-job, queue it) when the batch returns, then hands over the next.  A rescan
-lists the spool in the thread too, once the paths already queued are taken.
+most `BATCH` paths at once, then the next batch once it returns; the thread
+hands each outcome back to the loop as soon as it is durable, and the loop
+applies it (``admit``: register the job, queue it) in its turn, so a request
+never waits for the later ones of its batch.  A rescan lists the spool in the
+thread too, once the paths already queued are taken.
 
 Nothing a request does escapes this module: a failure in one file is logged
 and that file is left in the spool for the next scan; the others go on.  A
@@ -22,7 +24,9 @@ how many takes and scans were put off).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
+import functools
 import itertools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +42,8 @@ from jobwarden.jobfile import Job
 log = structlog.get_logger("wardend.intake")
 
 BATCH = 16
-"""Paths handed to the intake thread at once; their outcomes are applied in one loop turn."""
+"""Paths handed to the intake thread at once (a rescan's listing waits for them); each
+outcome is applied as soon as it is durable."""
 
 RESOURCE_ERRNOS = frozenset(
     {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.ENOSPC, errno.EDQUOT}
@@ -64,6 +69,9 @@ Taken = Job | spool.Rejection | Kept | None
 """A request's outcome: a durable job, a durable rejection, a request kept in the spool for
 the next scan, or nothing to do."""
 
+Batch = dict[Path, list["asyncio.Future[Taken]"]]
+"""The paths handed to the intake thread at once, each with the futures waiting for it."""
+
 
 class Intake:
     """The daemon's queue of request files and the thread that takes them in."""
@@ -71,7 +79,7 @@ class Intake:
     def __init__(self, requests: spool.Spool, admit: Callable[[Job | spool.Rejection], None]):
         self.spool = requests
         self.admit = admit
-        self.pending: dict[Path, list[asyncio.Future[Taken]]] = {}
+        self.pending: Batch = {}
         self.scan_wanted = False
         self.closed = False
         self.put_off = 0
@@ -141,22 +149,30 @@ class Intake:
                 if not self.pending:
                     return
                 paths = list(itertools.islice(self.pending, BATCH))
-                batch = [self.pending.pop(path) for path in paths]
-                outcomes: list[Taken] = [None] * len(paths)
+                batch = {path: self.pending.pop(path) for path in paths}
+                hand_back = functools.partial(self._hand_back, loop, batch)
                 try:
-                    outcomes = await loop.run_in_executor(self.executor, self._take_all, paths)
-                    for outcome in outcomes:
-                        self._apply(outcome)
-                finally:
-                    for futures, outcome in zip(batch, outcomes, strict=True):
-                        for future in futures:
-                            if not future.done():
-                                future.set_result(outcome)
+                    await loop.run_in_executor(self.executor, self._take_all, paths, hand_back)
+                finally:  # what the thread did not hand back (the daemon is closing): None
+                    for path in list(batch):
+                        self._settle(batch, path, None)
         except RuntimeError:  # the executor is shut down: the daemon is closing
             if not self.closed:
                 raise
         finally:
             self._task = None
+
+    def _settle(self, batch: Batch, path: Path, taken: Taken) -> None:
+        """On the loop: ``path``'s outcome applied (unless intake has closed) and its futures
+        resolved, once; it leaves ``batch``."""
+        futures = batch.pop(path, None)
+        if futures is None:
+            return
+        if not self.closed:
+            self._apply(taken)
+        for future in futures:
+            if not future.done():
+                future.set_result(taken)
 
     def _apply(self, taken: Taken) -> None:
         if taken is None or isinstance(taken, Kept):
@@ -178,8 +194,17 @@ class Intake:
         self._recovered()
         return found
 
-    def _take_all(self, paths: list[Path]) -> list[Taken]:
-        return [self._take(path) for path in paths]
+    def _take_all(self, paths: list[Path], hand_back: Callable[[Path, Taken], None]) -> None:
+        for path in paths:
+            hand_back(path, self._take(path))
+
+    def _hand_back(
+        self, loop: asyncio.AbstractEventLoop, batch: Batch, path: Path, taken: Taken
+    ) -> None:
+        """``path``'s outcome, durable now, to be settled on the loop without waiting for the
+        rest of its batch."""
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the daemon is gone
+            loop.call_soon_threadsafe(self._settle, batch, path, taken)
 
     def _take(self, path: Path) -> Taken:
         try:

@@ -6,10 +6,11 @@ fsync, and logs the transition as a structlog event.
 
 A job folder appears whole or not at all: `create_folder` builds it as a
 staging sibling (the request as taken, ``job.json``, ``state.json``, each
-fsynced), renames it into place and fsyncs ``jobs/``; only then may the
-request leave the spool.  `JobTable.load` discards staging folders (their
-request is still in the spool) and completes any half-made folder an older
-daemon left from the request it kept, or returns that request to the spool.
+fsynced, and the staging folder: `jobwarden.daemon.store.staging`), renames
+it into place and fsyncs ``jobs/``; only then may the request leave the
+spool.  `JobTable.load` discards staging folders (their request is still in
+the spool) and completes any half-made folder an older daemon left from the
+request it kept, or returns that request to the spool.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ import structlog
 from jobwarden.daemon.store.evidence import describe
 from jobwarden.daemon.store.layout import Root
 from jobwarden.daemon.store.programrun import run_value
+from jobwarden.daemon.store.staging import write_new_files
 from jobwarden.files import (
     PENDING_SUFFIX,
     UnsafePathError,
     fsync_dir,
     kind_of,
-    write_all,
     write_text_atomic,
 )
 from jobwarden.jobfile import Job, format_of, job_from_bytes, job_from_mapping
@@ -267,15 +268,6 @@ def read_folder(folder: Path) -> JobRecord:
     return record
 
 
-def _write_new(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        write_all(fd, [memoryview(data)])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def create_folder(
     root: Root, job: Job, request: bytes, suffix: str, *, claim: str, request_name: str
 ) -> JobRecord:
@@ -297,10 +289,12 @@ def create_folder(
         shutil.rmtree(staging)
     staging.mkdir()
     record = new_record(job, claim=claim, request_name=request_name)
-    _write_new(staging / f"request{suffix}", request)
-    _write_new(staging / "job.json", (json.dumps(job.to_record(), indent=2) + "\n").encode())
-    _write_new(staging / "state.json", state_text(record).encode())
-    fsync_dir(staging)
+    files = {
+        f"request{suffix}": request,
+        "job.json": (json.dumps(job.to_record(), indent=2) + "\n").encode(),
+        "state.json": state_text(record).encode(),
+    }
+    write_new_files(staging, files)  # each file and the staging folder fsynced
     target = root.job(job.id)
     if os.path.lexists(target):
         raise FileExistsError(f"job folder {target} appeared while {staging} was built")
