@@ -165,7 +165,7 @@ class StateHasher:
             joined: list[Any] = []
             for index in indices:
                 path, array = leaves[index]
-                if type(array) is np.ndarray and (
+                if isinstance(array, np.ndarray) and (
                     array.dtype.byteorder == ">" or not array.flags.c_contiguous
                 ):
                     array = little_endian(array)
