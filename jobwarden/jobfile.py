@@ -59,6 +59,9 @@ class RunSection(_Section):
     """cooperating JAX processes, one job (docs/multiprocess.md)"""
     async_commit: bool = False
     """write, fsync and replace each checkpoint on a background thread (docs/sdk.md)"""
+    exact: bool = True
+    """pin XLA's CPU backend to one thread for bit-exact replay; ``false`` lets it use its
+    own threads, and every recovery is then concluded unverified (docs/jobfile.md)"""
 
 
 class FaultSection(_Section):

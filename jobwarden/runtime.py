@@ -26,22 +26,26 @@ PINNED_ENV = {
     "OPENBLAS_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
 }
+THREAD_ENV = frozenset({"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"})
 
 
-def pin_environment(environ: dict[str, str] | None = None) -> str:
+def pin_environment(environ: dict[str, str] | None = None, *, exact: bool = True) -> str:
     """Set the pinned XLA flags and thread limits; must run before `import jax`.
 
     Returns the resulting ``XLA_FLAGS``.  Flags the caller set are kept, the
-    pinned ones are appended unless already present.
+    pinned ones are appended unless already present.  ``exact=False`` (``[run]
+    exact = false``) sets only the platform and the precision, leaving XLA and
+    the BLAS libraries their own threads: faster on many cores, not bit-exact.
     """
     env = os.environ if environ is None else environ
     flags = env.get("XLA_FLAGS", "").split()
-    for flag in PINNED_XLA_FLAGS:
+    for flag in PINNED_XLA_FLAGS if exact else ():
         if flag not in flags:
             flags.append(flag)
     env["XLA_FLAGS"] = " ".join(flags)
     for name, value in PINNED_ENV.items():
-        env.setdefault(name, value)
+        if exact or name not in THREAD_ENV:
+            env.setdefault(name, value)
     return env["XLA_FLAGS"]
 
 
@@ -52,14 +56,17 @@ def jax_started() -> bool:
     return bool(started()) if callable(started) else False
 
 
-def pin_before_start() -> str | None:
-    """`pin_environment`, unless a JAX backend already runs: then a warning, if the pins are off.
+def pin_before_start(*, exact: bool = True) -> str | None:
+    """`pin_environment`, unless a JAX backend already runs: then a warning, if the pins are off
+    (and exactness is wanted).
 
     The runtime identity then records the flags truly in force, so a checkpoint
     written without the pins is never resumed as if it had them.
     """
     if not jax_started():
-        pin_environment()
+        pin_environment(exact=exact)
+        return None
+    if not exact:
         return None
     flags = os.environ.get("XLA_FLAGS", "").split()
     if all(flag in flags for flag in PINNED_XLA_FLAGS):

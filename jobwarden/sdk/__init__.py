@@ -64,6 +64,7 @@ def attach(
     hash_every: int | None = None,
     processes: int | None = None,
     async_commit: bool | None = None,
+    exact: bool | None = None,
     faults: FaultSection | Mapping[str, Any] | None = None,
     compile_cache: str | Path | None = None,
     signing_key: str | Path | None = None,
@@ -85,7 +86,8 @@ def attach(
     `jobwarden.sdk.settings`): ``checkpoint_dir``, the ``[run]`` fields
     ``steps``, ``checkpoint_every``, ``keep_checkpoints``, ``resume``,
     ``hash_every``, ``processes`` (docs/multiprocess.md), ``async_commit``
-    (write each checkpoint on a background thread), the ``[faults]`` drill
+    (write each checkpoint on a background thread), ``exact`` (False: XLA's own
+    threads, recoveries unverified; docs/jobfile.md), the ``[faults]`` drill
     faults, ``compile_cache``, ``signing_key`` (a key file's path) and ``job_id``.
 
     ``events``: a path to append events to, or a text stream; default stdout
@@ -104,6 +106,7 @@ def attach(
         "hash_every": hash_every,
         "processes": processes,
         "async_commit": async_commit,
+        "exact": exact,
     }
     request = Request(
         config=config,

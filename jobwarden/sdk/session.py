@@ -317,7 +317,7 @@ class Session:
 
     def _runtime(self) -> None:
         """The CPU pins, JAX (after the lock, unless a spare) and the compilation cache."""
-        if warning := pin_before_start():
+        if warning := pin_before_start(exact=self.settings.run.exact):
             self.stderr(warning + "\n")
         import jax  # noqa: F401
 

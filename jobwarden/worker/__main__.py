@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("this is not an event\n" + "x" * (2 << 20) + "\n")
         sys.stdout.write('{"v": 1, "event": "progress", "step": "three"}\n')
         sys.stdout.flush()
-    pin_environment()
+    pin_environment(exact=job.run.exact)
     from jobwarden.worker.builtin import run_job
 
     cache = Path(args.compile_cache) if args.compile_cache else None

@@ -175,7 +175,13 @@ class LocalLauncher(Launcher):
 
     async def start(self, spec: LaunchSpec) -> RunningAttempt:
         """Spawn the worker in a new session, stderr straight to stderr.log; N cooperating
-        members for ``processes = N`` (`jobwarden.daemon.launch.members`)."""
+        members for ``processes = N`` (`jobwarden.daemon.launch.members`).  A job that
+        gave up exactness (``[run] exact = false``) always starts cold: a spare has JAX
+        running already, pinned to one thread."""
+        if spec.job is not None and not spec.job.run.exact:
+            if spec.processes > 1:
+                return await GroupAttempt.start(spec, self.spawn)
+            return await self.spawn(spec, "stderr.log")
         if spec.processes > 1:
             programs = self.programs if program_key(spec) is not None else None
             if programs is None and self.groups is not None and group_key(spec) is not None:

@@ -172,8 +172,7 @@ class JobSupervisor:
     def _guarded(
         self, handler: Callable[[Attempt, Any], None], attempt: Attempt, item: Any
     ) -> None:
-        """Run one handler; a failure (a full disk under a record, say) is logged, never
-        allowed to end the following of the attempt."""
+        """Run one handler; a failure (a full disk under a record, say) is logged, never fatal."""
         try:
             handler(attempt, item)
         except UnsafePathError as error:
@@ -227,7 +226,8 @@ class JobSupervisor:
                 s.table.transition(record, S.RUNNING, f"attempt {attempt.number} ready")
             if verifier is not None:
                 verifier.incident.action = diagnosis.recovery_action(attempt, verifier, event)
-                outcomes.replay(s, record, attempt, lambda: verifier.ready(event))
+                exact = record.job.run.exact
+                outcomes.replay(s, record, attempt, lambda: verifier.ready(event, exact=exact))
         elif kind == "progress":
             record.step, record.last_progress = event["step"], time.time()
             if verifier is not None:

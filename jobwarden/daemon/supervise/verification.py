@@ -19,6 +19,12 @@ from jobwarden.proof.replay import ReplayPlan, Verdict
 V = Verdict
 NO_SDK = "unverified: the program uses no SDK and logged no state"
 """The verification of every recovery of a plain program."""
+INEXACT = (
+    "unverified: the job gave up bit-exact replay ([run] exact = false: XLA's CPU backend "
+    "on its own threads may round a sum differently from one run to the next), so its "
+    "replayed states are not compared; the restored checkpoint passed every validation check"
+)
+"""The verification of every recovery of a job that runs with ``[run] exact = false``."""
 
 
 class ReplayVerifier:
@@ -46,14 +52,17 @@ class ReplayVerifier:
         for skipped in event["skipped"]:
             incident.evidence[f"quarantined {skipped['file']}"] = skipped["quarantined_to"]
 
-    def ready(self, event: Event) -> Verdict:
-        """The resumed state against the failed attempt's logged state at that step."""
+    def ready(self, event: Event, *, exact: bool = True) -> Verdict:
+        """The resumed state against the failed attempt's logged state at that step; for a
+        job that gave up exactness (``exact=False``), unverified at once (`INEXACT`)."""
         plan = self.plan
         if plan.restored_step is None:
             plan.restored_step = event["step"]
             if event["step"] == 0:
                 self.incident.recovery_point = {"fresh": True, "step": 0}
         self.incident.replayed_steps = plan.to_verify()
+        if not exact:
+            return self.unverifiable(INEXACT)
         return self._observe(event["step"], event["state_hash"], "restored state")
 
     def progress(self, event: Event) -> Verdict:
@@ -64,10 +73,11 @@ class ReplayVerifier:
             return self.verdict
         return self._observe(event["step"], event.get("state_hash"), "update")
 
-    def unverifiable(self) -> Verdict:
-        """A plain program's recovery: nothing was logged, so nothing is awaited or compared."""
+    def unverifiable(self, text: str = NO_SDK) -> Verdict:
+        """A recovery nothing is compared for (a plain program's: nothing was logged), and
+        why."""
         self.verdict = V.UNVERIFIED
-        self.incident.verification = {"verdict": V.UNVERIFIED.value, "checks": [], "text": NO_SDK}
+        self.incident.verification = {"verdict": V.UNVERIFIED.value, "checks": [], "text": text}
         return self.verdict
 
     def settle(self) -> Verdict:
