@@ -8,8 +8,10 @@ which the direct path is taken runs it for real.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -107,3 +109,81 @@ def test_a_changed_leaf_is_written_and_checksummed_afresh(tmp_path: Path) -> Non
     assert loaded[0].checksum != loaded[1].checksum
     assert loaded[1].arrays["params/w"][-1] == changed[3][1][-1]
     assert loaded[0].arrays["params/w"][-1] == first[3][1][-1]
+
+
+class DirectWrites:
+    """``os.pwrite`` as it is, but recording each write's offset and length and whether the
+    file had ``O_DIRECT``, failing a chosen direct write with a chosen error: a fake for a
+    file system that accepts the flag and then refuses a write, or a device that fails one."""
+
+    def __init__(self, fail_at: int | None, code: int) -> None:
+        self.real = os.pwrite
+        self.fail_at = fail_at
+        self.code = code
+        self.direct = 0
+        self.calls: list[tuple[int, int, bool]] = []
+
+    def __call__(self, fd: int, data: memoryview, offset: int) -> int:
+        is_direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
+        self.calls.append((offset, len(data), is_direct))
+        if is_direct:
+            self.direct += 1
+            if self.fail_at is not None and self.direct >= self.fail_at:
+                del data  # as the real call, keep no view of the buffer in the traceback
+                raise OSError(self.code, os.strerror(self.code))
+        return self.real(fd, data, offset)
+
+
+@pytest.mark.parametrize("fail_at", [1, 3], ids=["first", "third"])
+def test_a_direct_write_refused_goes_through_the_cache_with_the_same_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_at: int
+) -> None:
+    """``O_DIRECT`` accepted at fcntl and refused at a write (EINVAL), first or mid-way: the
+    rest goes through the page cache, the bytes still those of `format.encode`."""
+    leaves = large_leaves(4, extra=1)
+    manifest = manifest_for(leaves)
+    expected = b"".join(bytes(view) for view in format.encode(manifest, leaves, KEY))
+    writes = DirectWrites(fail_at, errno.EINVAL)
+    monkeypatch.setattr(os, "pwrite", writes)
+    found = written(tmp_path / "f", manifest, leaves, KEY, direct=True)
+    assert expected == found
+    assert fail_at == writes.direct
+
+
+def test_the_data_is_written_in_order_one_piece_after_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The direct pieces are written in order, each where the one before ended, and the data's
+    writes cover the file once, the header's write at offset 0 last."""
+    leaves = large_leaves(5)
+    manifest = manifest_for(leaves)
+    writes = DirectWrites(None, 0)
+    monkeypatch.setattr(os, "pwrite", writes)
+    data = written(tmp_path / "f", manifest, leaves, None, direct=True)
+    assert writes.calls[-1][0] == 0
+    ends = [offset + length for offset, length, _ in writes.calls[:-1]]
+    starts = [offset for offset, _, _ in writes.calls[1:-1]]
+    assert ends[:-1] == starts
+    assert len(data) == ends[-1]
+    assert writes.calls[-1][1] == writes.calls[0][0]
+    assert sum(direct for _, _, direct in writes.calls) >= BIG // onepass.DIRECT_PIECE
+
+
+def test_a_failed_direct_write_is_raised_and_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device error on a direct write mid-way reaches the committer as itself, no pending
+    or committed file is left behind, and the writer's thread is gone (the piece queued
+    behind the failed one may still be tried)."""
+    leaves = large_leaves(6)
+    store = CheckpointStore(tmp_path)
+    before = set(tmp_path.iterdir())
+    threads = threading.active_count()
+    writes = DirectWrites(3, errno.EIO)
+    monkeypatch.setattr(os, "pwrite", writes)
+    with pytest.raises(OSError, match=os.strerror(errno.EIO)) as raised:
+        store.commit(7, manifest_for(leaves, step=7), leaves)
+    assert raised.value.errno == errno.EIO
+    assert writes.direct in (3, 4)
+    assert before == set(tmp_path.iterdir())
+    assert threads == threading.active_count()

@@ -10,23 +10,35 @@ cache, and the header last, at offset 0.  The bytes are exactly those of
 directory fsync) is unchanged, so no reader ever sees the file before its
 header is in place.
 
-A large data region goes through ``O_DIRECT`` from one page-aligned buffer
-that is used over and over: each piece is copied once into it (where it is
-checksummed) and the device reads it from there, so a commit takes no page
-cache (no 512 MiB of pages allocated, dirtied and written back, which on a
-virtual machine that hands freed memory back to its host costs more CPU than
-the copy).  The first and last partial blocks, and the header, are written
+A large data region goes through ``O_DIRECT`` from two page-aligned buffers
+used in turn: each piece is copied once into one (where it is checksummed)
+and the device reads it from there, so a commit takes no page cache (no 512
+MiB of pages allocated, dirtied and written back, which on a virtual machine
+that hands freed memory back to its host costs more CPU than the copy).  One
+writer thread writes a piece while the caller copies and checksums the next
+into the other buffer, so the device and the CPU work at once.  The writes
+are serial and in order: one is written while at most one more waits behind
+it, so the writer goes on to the next piece without waiting for the caller
+to wake.  ``pwrite``, numpy's copy and the checksum all let go of the GIL,
+so neither thread holds up the other; a writer's error is raised in the
+caller.  The first and last partial blocks, and the header, are written
 through the page cache; the file's fsync covers both.  A file system that
 refuses ``O_DIRECT`` (tmpfs, some network and FUSE file systems) gets the
-same bytes through the page cache, written from the leaves' own memory.
+same bytes through the page cache, written from the leaves' own memory, or
+from the buffers if it takes the flag and refuses the write.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import itertools
 import mmap
 import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
 
 from jobwarden.checkpoint import signing
 from jobwarden.checkpoint.format import Digests, header, payload
@@ -35,8 +47,10 @@ from jobwarden.hashing import HASH_NAME, Leaves
 
 BLOCK = 4096
 """``O_DIRECT`` offsets, lengths and memory are kept multiples of this (any logical block)"""
-DIRECT_PIECE = 8 << 20
-"""the aligned buffer a direct write copies each piece into"""
+DIRECT_PIECE = 2 << 20
+"""each of the two aligned buffers a direct write copies its pieces into; small enough that
+a piece is still in cache when it is checksummed, and that the first copy and the last write,
+which nothing overlaps, are short"""
 DIRECT_MIN_BYTES = 32 << 20
 """below this the page cache's cost is small and a direct write's wait is not worth it"""
 CACHED_PIECE = 1 << 20
@@ -95,19 +109,44 @@ def _write_direct(fd: int, start: int, views: list[memoryview], digests: Digests
     source.fill(memoryview(first))
     digests.update(memoryview(first))
     offset = start + len(first)
-    with mmap.mmap(-1, DIRECT_PIECE) as buffer:
-        aligned = memoryview(buffer)
+    with _aligned() as one, _aligned() as two:
+        buffers = (memoryview(one), memoryview(two))
         try:
-            while count := source.fill(aligned):
-                digests.update(aligned[:count])
-                whole = count - count % BLOCK
-                offset = _pwrite_direct(fd, aligned[:whole], offset)
-                if whole < count:  # the last piece's tail, past the last block boundary
-                    _set_direct(fd, False)
-                    offset = _pwrite_all(fd, aligned[whole:count], offset)
-        finally:
-            aligned.release()
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="direct-write") as writer:
+                writes: deque[Future[None]] = deque()  # the piece being written, the next one
+                for turn in itertools.count():
+                    if len(writes) == 2:
+                        writes.popleft().result()  # its buffer is this turn's
+                    aligned = buffers[turn % 2]
+                    count = source.fill(aligned)
+                    if not count:
+                        break
+                    digests.update(aligned[:count])
+                    writes.append(writer.submit(_write_piece, fd, aligned[:count], offset))
+                    offset += count
+                for write in writes:
+                    write.result()
+        finally:  # the executor has waited for any write still reading a buffer
+            for buffer in buffers:
+                buffer.release()
     return bytes(first)
+
+
+def _aligned() -> mmap.mmap:
+    """A page-aligned buffer of ``DIRECT_PIECE`` bytes, its pages faulted in at once
+    (one call, not a fault per page on the first copy)."""
+    return mmap.mmap(-1, DIRECT_PIECE, flags=mmap.MAP_PRIVATE | mmap.MAP_POPULATE)
+
+
+def _write_piece(fd: int, piece: memoryview, offset: int) -> None:
+    """Write one buffer's piece, its whole blocks directly and a last piece's tail cached, and
+    release it: a view left in an error's traceback would keep the buffer from closing."""
+    whole = len(piece) - len(piece) % BLOCK
+    with piece, piece[:whole] as blocks, piece[whole:] as tail:
+        offset = _pwrite_direct(fd, blocks, offset)
+        if tail:  # the last piece's tail, past the last block boundary
+            _set_direct(fd, False)
+            _pwrite_all(fd, tail, offset)
 
 
 class _Source:
@@ -128,7 +167,10 @@ class _Source:
                 self._rest = following
                 continue
             count = min(len(self._rest), len(target) - filled)
-            target[filled : filled + count] = self._rest[:count]
+            # numpy's copy lets go of the GIL, so the writer's thread is not kept waiting
+            np.frombuffer(target, np.uint8)[filled : filled + count] = np.frombuffer(
+                self._rest[:count], np.uint8
+            )
             self._rest = self._rest[count:]
             filled += count
         return filled
