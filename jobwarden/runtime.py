@@ -13,6 +13,7 @@ import os
 import platform
 import stat
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from jobwarden.errors import UnsafeCacheError
@@ -47,6 +48,21 @@ def pin_environment(environ: dict[str, str] | None = None, *, exact: bool = True
         if exact or name not in THREAD_ENV:
             env.setdefault(name, value)
     return env["XLA_FLAGS"]
+
+
+def unpinned(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without what `pin_environment` pins (the XLA flags, the thread limits at
+    their pinned value): what a job that gave up exactness inherits from a daemon started
+    in a pinned environment.  Other flags are kept."""
+    env = dict(environ)
+    if "XLA_FLAGS" in env:
+        env["XLA_FLAGS"] = " ".join(
+            flag for flag in env["XLA_FLAGS"].split() if flag not in PINNED_XLA_FLAGS
+        )
+    for name in THREAD_ENV:
+        if env.get(name) == PINNED_ENV[name]:
+            del env[name]
+    return env
 
 
 def jax_started() -> bool:

@@ -14,7 +14,13 @@ import pytest
 
 from jobwarden.errors import JobFileError
 from jobwarden.jobfile import job_from_mapping
-from jobwarden.runtime import PINNED_ENV, PINNED_XLA_FLAGS, THREAD_ENV, pin_environment
+from jobwarden.runtime import (
+    PINNED_ENV,
+    PINNED_XLA_FLAGS,
+    THREAD_ENV,
+    pin_environment,
+    unpinned,
+)
 from tests.daemon import Daemon, linreg_job
 
 
@@ -39,6 +45,17 @@ def test_an_inexact_environment_has_neither_the_xla_pins_nor_the_thread_limits()
     }
 
 
+def test_unpinned_takes_off_the_pins_only() -> None:
+    """What a pinned daemon would pass on, without the pins; other flags and values kept."""
+    pinned = {"XLA_FLAGS": "--xla_dump_to=x", "OPENBLAS_NUM_THREADS": "4"}
+    pin_environment(pinned)
+    assert unpinned(pinned) == {
+        **{name: value for name, value in PINNED_ENV.items() if name not in THREAD_ENV},
+        "XLA_FLAGS": "--xla_dump_to=x",
+        "OPENBLAS_NUM_THREADS": "4",
+    }
+
+
 def log_records(daemon: Daemon, event: str) -> list[dict[str, Any]]:
     """The daemon's structlog records named ``event``."""
     lines = (daemon.root / "wardend.log").read_text().splitlines()
@@ -46,10 +63,18 @@ def log_records(daemon: Daemon, event: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
-def test_an_inexact_job_recovers_unverified_and_cold(tmp_path: Path, compile_cache: Path) -> None:
-    """fail after 3 under a daemon with warm spares: no spare is started for the job (a
-    spare runs pinned), both attempts run unpinned, the recovery is concluded unverified
-    naming the choice, and the job completes."""
+def test_an_inexact_job_recovers_unverified_and_cold(
+    tmp_path: Path, compile_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fail after 3 under a daemon with warm spares, started in a pinned environment: no
+    spare is started for the job (a spare runs pinned), both attempts run unpinned (the
+    daemon's pins are not passed on), the recovery is concluded unverified naming the
+    choice, and the job completes."""
+    dump = f"--xla_dump_to={tmp_path / 'xla-dump'}"  # a flag of the daemon's own, kept
+    pinned: dict[str, str] = {"XLA_FLAGS": dump}
+    pin_environment(pinned)
+    for name, value in pinned.items():
+        monkeypatch.setenv(name, value)
     with Daemon(tmp_path / "root", compile_cache) as daemon:
         faults = {"fail_after": 3}
         daemon.drop("free.toml", linreg_job("free", run={"exact": False}, faults=faults))
@@ -65,6 +90,7 @@ def test_an_inexact_job_recovers_unverified_and_cold(tmp_path: Path, compile_cac
             (started,) = [e for e in daemon.events("free", attempt) if e["event"] == "started"]
             flags = started["runtime"]["xla_flags"].split()
             assert not set(PINNED_XLA_FLAGS) & set(flags), flags
+            assert dump in flags
         runbook = (daemon.job_folder("free") / "incidents" / f"{incident['id']}.md").read_text()
         assert "exact = false" in runbook
 
