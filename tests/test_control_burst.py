@@ -264,3 +264,21 @@ class TestWaitingRoom:
             assert rooms.victim() is None
         finally:
             conn.close()
+
+    def test_a_slot_whose_request_came_after_its_grant_is_not_taken_back(self) -> None:
+        """Past GRACE_S, with a ready client waiting: a slot granted before its client sent
+        its line, whose line has come since but is not read yet (the daemon is slow), is made
+        ready and kept; the victim is the one whose line has not come."""
+        now = [0.0]
+        rooms = admission.Admission({0}, capacity=2, room=10, clock=lambda: now[0])
+        late, silent = rooms.take(NOBODY), rooms.take(NOBODY)
+        late.writer = silent.writer = object()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            rooms.enqueue(admission.Waiter(conn, 1, NOBODY, 0.0, True))
+            now[0] = admission.GRACE_S
+            assert rooms.victim(lambda slot: slot is late) is silent
+            assert (late.ready, silent.ready) == (True, False)
+            assert rooms.victim(lambda slot: True) is None  # the other's line came too
+        finally:
+            conn.close()

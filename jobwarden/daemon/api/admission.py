@@ -57,11 +57,13 @@ class Slot:
     phase: Phase = Phase.READING
     task: Any = None
     writer: Any = None
+    conn: Any = None
+    """its socket, to look for a request that came before the daemon read it"""
     evicted: bool = False
     ready: bool = False
-    """Its request was in its socket when the slot was granted and has not been read yet:
-    a loaded daemon may take longer than `GRACE_S` to read it, which is not the client's
-    fault, so the slot is not taken back meanwhile."""
+    """A complete request of it has come (before the slot was granted, or since) and has
+    not been read yet: a loaded daemon may take longer than `GRACE_S` to read it, which is
+    not the client's fault, so the slot is not taken back meanwhile."""
 
     def wait(self, phase: Phase, now: float) -> None:
         """Enter ``phase`` at ``now``."""
@@ -180,12 +182,20 @@ class Admission:
         """Whether a waiter holds a complete request, and so may have a slot evicted for it."""
         return any(ready for ready, _ in self.queues)
 
-    def victim(self) -> Slot | None:
+    def victim(self, arrived: Callable[[Slot], bool] = lambda slot: False) -> Slot | None:
         """The slot to take back for a ready waiter: among those that had their chance, of
-        the heaviest uid (others before the operators), the one waiting longest."""
+        the heaviest uid (others before the operators), the one waiting longest.  A slot
+        waiting for its request for which ``arrived`` says the request has come since
+        (not yet read by a busy daemon) is made ready instead: it had its chance in time."""
         now = self.clock()
+        if not self.has_ready():
+            return None
         chances = [s for s in self.slots if s.evictable(now)]
-        if not chances or not self.has_ready():
+        for slot in chances:
+            if slot.phase is Phase.READING and arrived(slot):
+                slot.ready = True
+        chances = [s for s in chances if not s.ready]
+        if not chances:
             return None
         return max(chances, key=lambda s: (*self._weight(s.uid), now - s.since))
 

@@ -21,12 +21,35 @@ from typing import Literal
 
 import structlog
 
+from jobwarden.daemon.api.admission import Phase, Slot, has_request
+
 log = structlog.get_logger("wardend.control")
 
 SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 """accept(2)'s errors that mean the daemon, not the client, is short of something."""
 PAUSE_S = 0.1
 """How long accepting pauses when the daemon is out of descriptors and has none in reserve."""
+
+
+class HeardProtocol(asyncio.StreamReaderProtocol):
+    """A control connection's stream protocol that marks its slot ready as soon as a
+    request line is received, before the serving task runs to read it: a slot whose
+    request has come is not taken back (`admission.Slot.ready`)."""
+
+    def __init__(self, reader: asyncio.StreamReader, slot: Slot) -> None:
+        super().__init__(reader)
+        self._slot = slot
+
+    def data_received(self, data: bytes) -> None:
+        """Feed the reader; a newline means a complete request waits to be read."""
+        if b"\n" in data and self._slot.phase is Phase.READING:
+            self._slot.ready = True
+        super().data_received(data)
+
+
+def heard(slot: Slot) -> bool:
+    """Whether a complete request line waits in ``slot``'s socket, not read by the daemon."""
+    return slot.conn is not None and has_request(slot.conn)
 
 
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:

@@ -48,7 +48,7 @@ from typing import Any
 import structlog
 
 from jobwarden.daemon.api.admission import WAIT_S, Admission, Phase, Slot, Waiter, has_request
-from jobwarden.daemon.api.listener import Listener, peer_credentials
+from jobwarden.daemon.api.listener import HeardProtocol, Listener, heard, peer_credentials
 from jobwarden.daemon.api.versions import downgrade, upgrade
 from jobwarden.protocol import (
     MAX_REQUEST_BYTES,
@@ -217,7 +217,7 @@ class ControlServer:
 
     def _grant(self, waiter: Waiter) -> None:
         slot = self.admission.take(waiter.uid)
-        slot.ready = waiter.ready or has_request(waiter.conn)
+        slot.ready, slot.conn = waiter.ready or has_request(waiter.conn), waiter.conn
         task = asyncio.get_running_loop().create_task(self._serve(waiter, slot))
         slot.task = task
         self.tasks.add(task)
@@ -246,7 +246,7 @@ class ControlServer:
 
     def _make_room(self) -> None:
         """Evict slots for the ready waiters, while there are some and a slot had its chance."""
-        while not self.admission.free() and (victim := self.admission.victim()) is not None:
+        while not self.admission.free() and (victim := self.admission.victim(heard)) is not None:
             self._evict(victim)
 
     def _evict(self, victim: Slot) -> None:
@@ -284,7 +284,7 @@ class ControlServer:
         writer = None
         try:
             reader = asyncio.StreamReader(limit=MAX_REQUEST_BYTES + 1)
-            protocol = asyncio.StreamReaderProtocol(reader)
+            protocol = HeardProtocol(reader, slot)
             transport, _ = await loop.connect_accepted_socket(lambda: protocol, waiter.conn)
             writer = asyncio.StreamWriter(transport, protocol, reader, loop)
             slot.writer = writer

@@ -19,7 +19,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from jobwarden.errors import JobwardenError
 from jobwarden.events import Event, Malformed, parse_line
 from jobwarden.jobfile import Job
 from jobwarden.jobfolder import EVENTS_FILE
+from jobwarden.runtime import unpinned
 from jobwarden.worker.command import WorkerCall
 
 log = structlog.get_logger("wardend.launcher")
@@ -53,6 +54,13 @@ class LauncherError(JobwardenError):
 
     code = "daemon.launcher"
     exit_status = 78
+
+
+def inherited(env: Mapping[str, str], job: Job) -> dict[str, str]:
+    """What an attempt of ``job`` inherits of the daemon's worker environment: all of it,
+    less the single-thread pins for a job that gave up exactness (the daemon's own
+    environment may carry them: `runtime.unpinned`); the job's own ``env`` comes after."""
+    return dict(env) if job.run.exact else unpinned(env)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from typing import Any
 import structlog
 
 from jobwarden.daemon.incidents.records import Incident
-from jobwarden.daemon.launch.base import LaunchSpec, RunningAttempt
+from jobwarden.daemon.launch.base import LaunchSpec, RunningAttempt, inherited
 from jobwarden.daemon.store.jobs import JobRecord
 from jobwarden.daemon.store.layout import Root
 from jobwarden.daemon.supervise.heartbeat import Heartbeat
@@ -43,7 +43,6 @@ from jobwarden.jobfile import Job
 from jobwarden.jobfolder import EVENTS_FILE, JOB_FILE, OUTPUT_FILE
 from jobwarden.program import Program
 from jobwarden.proof.replay import Verdict
-from jobwarden.runtime import unpinned
 from jobwarden.sdk.settings import RUN_FILE_ENV, RunFile
 from jobwarden.worker.command import WorkerCall
 
@@ -65,8 +64,7 @@ def prepare(
     job_file = folder / JOB_FILE
     write_text_atomic(job_file, json.dumps(job.to_record(), indent=2) + "\n")
     checkpoint_dir = root.checkpoints / record.checkpoint
-    if not job.run.exact:  # the daemon's own environment may carry the pins
-        env = unpinned(env)
+    env = inherited(env, job)
     program = job.program
     if program is None:
         call = WorkerCall(job_file, checkpoint_dir, cache, signing_key)
