@@ -121,7 +121,8 @@ def data_files_digest(paths: Iterable[Path]) -> str:
 
 MAX_CACHED_HEADS = 1 << 14
 JOINED_AT_MOST = 1 << 16
-"""Leaves up to this size are copied into one buffer per component and hashed in one call.
+"""Leaves up to this size are copied into one buffer per component and hashed in one call
+(`StateHasher.of_buffers`, `Recipe`).
 
 The hash function lets go of the interpreter lock on every call; for a small leaf,
 letting go and taking it back costs more than the bytes, and a thread hashing
@@ -162,7 +163,6 @@ class StateHasher:
         hashes = {}
         for name, indices in groups:
             hasher: Any = xxhash.xxh3_128()  # numpy arrays are buffers; the stub says Buffer
-            joined: list[Any] = []
             for index in indices:
                 path, array = leaves[index]
                 if isinstance(array, np.ndarray) and (
@@ -170,16 +170,8 @@ class StateHasher:
                 ):
                     array = little_endian(array)
                 layout = self._layout(path, array)
-                joined.append(layout.head)
-                if layout.as_bytes:
-                    array = array.reshape(-1).view(np.uint8)
-                if layout.nbytes <= JOINED_AT_MOST:
-                    joined.append(array)
-                    continue
-                hasher.update(b"".join(joined))
-                hasher.update(array)
-                joined = []
-            hasher.update(b"".join(joined))
+                hasher.update(layout.head)
+                hasher.update(array.reshape(-1).view(np.uint8) if layout.as_bytes else array)
             hashes[name] = hasher.hexdigest()
         hashes["step"] = xxhash.xxh3_128(str(step).encode()).hexdigest()
         return state_hash_of(hashes), hashes

@@ -259,15 +259,17 @@ class Run(Session):
         later = not now and step % run.hash_every == 0
         fields: dict[str, Any] = {"state_hash": None}
         leaves: Leaves | None = None
+        hashed: tuple[str, dict[str, str]] | None = None
         if now:
             leaves = self._leaves(state)
-            digest, components = self._state_hash(leaves, step)
+            hashed = self._state_hash(leaves, step)
         elif later:
             snapshot = self._named(state)
             later = snapshot.nbytes >= HASHED_HERE_BELOW  # else cheaper here than handed over
             if not later:
-                digest, components = snapshot.hash(self._state_hash, step)
-        if (now or step % run.hash_every == 0) and not later:
+                hashed = snapshot.hash(self._state_hash, step)
+        if hashed is not None:
+            digest, components = hashed
             fields = {"state_hash": digest, "components": components}
             self._hashed = (step, digest, components)
         if metrics:
