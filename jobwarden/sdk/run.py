@@ -269,9 +269,8 @@ class Run(Session):
             if not later:
                 hashed = snapshot.hash(self._state_hash, step)
         if hashed is not None:
-            digest, components = hashed
-            fields = {"state_hash": digest, "components": components}
-            self._hashed = (step, digest, components)
+            fields = {"state_hash": hashed[0], "components": hashed[1]}
+            self._hashed = (step, *hashed)
         if metrics:
             fields["metrics"] = {name: float(value) for name, value in metrics.items()}
         if due:  # the supervisor watches the commit that follows as a phase of its own
