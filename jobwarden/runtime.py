@@ -1,4 +1,5 @@
-"""What bit-exact replay on CPU needs, pinned before JAX starts; the runtime's identity; exit.
+"""What bit-exact replay on CPU needs, pinned before JAX starts; the runtime's identity; exit,
+and what makes it quick.
 
 XLA's CPU backend can return different bits for the same compiled module when
 it runs intra-op work on several threads (jax-ml/jax#39741), so the worker
@@ -13,6 +14,7 @@ import os
 import platform
 import stat
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -157,6 +159,75 @@ def enable_compilation_cache(path: Path) -> None:
     }
     for name, value in settings.items():
         jax.config.update(name, value)  # type: ignore[no-untyped-call]
+
+
+MADV_DONTNEED = 4
+RELEASED = threading.Event()
+"""Set once this process has let go of its code pages (`release_code_pages`)."""
+
+
+def release_code_pages(smaps: Path = Path("/proc/self/smaps"), *, heap: bool = False) -> int:
+    """Unmap this process's resident pages of its libraries' code and read-only data, and
+    return their bytes (0 where the system does not tell or allow it); ``heap``: also give
+    the C heap's free memory back (glibc's ``malloc_trim``, which holds the allocator's
+    locks while it runs: for a process that waits, not one that trains).
+
+    Only a private file mapping that is not writable and holds no page of its own (no
+    copy-on-write copy, such as relocated data) is touched: its pages stay in the page
+    cache, and the code that still runs maps them again on its first touch.  Why: an
+    exit frees a process's mapped pages one by one before its parent can see it, and a
+    JAX process, once it has compiled, maps about 130 MB of its libraries (most of it
+    the compiler's), so that teardown stands between a worker's crash and the
+    supervisor's incident (bench/teardown.py: 14 ms, and 8 ms after this).  Python
+    never unloads a library, so no range named here is reused before it is released.
+    """
+    import ctypes
+
+    try:
+        lines = smaps.read_text().splitlines()
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return 0
+    madvise = libc.madvise
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    released = 0
+    candidate: tuple[int, int] | None = None
+    resident = 0
+    for line in lines:
+        if line and line[0] in "0123456789abcdef":  # a header: range perms offset dev inode path
+            fields = line.split(maxsplit=5)
+            low, high = (int(bound, 16) for bound in fields[0].split("-"))
+            clean = fields[1][1] != "w" and fields[1][3] == "p" and fields[4] != "0"
+            named = len(fields) == 6 and fields[5].startswith("/")
+            candidate = (low, high) if clean and named else None
+        elif candidate is not None and line.startswith("Rss:"):
+            resident = int(line.split()[1])
+        elif candidate is not None and line.startswith("Anonymous:"):
+            if int(line.split()[1]) == 0 and resident:
+                low, high = candidate
+                if madvise(low, high - low, MADV_DONTNEED) == 0:
+                    released += resident << 10
+            candidate = None
+    if heap and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+    RELEASED.set()
+    return released
+
+
+def release_code_pages_once(*, wait: bool) -> threading.Thread | None:
+    """`release_code_pages`, unless this process did it already (a spare, before it was
+    handed its attempt): now (``wait``: the heap's free memory too, as the training has
+    not begun), or on a thread of its own, started and returned.  Most of the thread's
+    time is the kernel's, reading the mappings and unmapping pages, when it holds no lock
+    of the interpreter's: the loop that started it goes on."""
+    if RELEASED.is_set():
+        return None
+    if wait:
+        release_code_pages(heap=True)
+        return None
+    thread = threading.Thread(target=release_code_pages, name="jobwarden-code-pages", daemon=True)
+    thread.start()
+    return thread
 
 
 def exit_now(status: int) -> None:

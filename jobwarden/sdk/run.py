@@ -23,6 +23,7 @@ from jobwarden.checkpoint.format import Manifest, Provenance, leaf_specs
 from jobwarden.checkpoint.validate import Expected
 from jobwarden.errors import PreemptedExit, ResumePolicyError
 from jobwarden.hashing import Leaves
+from jobwarden.runtime import release_code_pages_once
 from jobwarden.sdk.leaves import HASHED_HERE_BELOW, Snapshot, UsageError, same_tree
 from jobwarden.sdk.session import Session
 from jobwarden.shards.attach import Place, open_sharded
@@ -232,17 +233,14 @@ class Run(Session):
     ) -> None:
         """Report update ``step``, which produced ``state``; commit it when it is due.
 
-        The event carries the state hash (every ``hash_every`` steps, at each
-        commit and at the last), so a replay can be verified update by update.
-        A hash on the cadence alone is computed here from the arrays' own buffers
-        for a state under `HASHED_HERE_BELOW`, and its event may wait up to
-        ``HOLD_S`` (0.1 s) to share the next write (`RunEmitter.emit_held`), as an
-        unhashed one does; for a larger state it is computed on the emitter's
-        thread while the next update runs, and its event written once it is ready,
-        in order (`RunEmitter.emit_later`).  One the step commits, agrees on or
-        ends with is computed here from host views and written at once, as the
-        commit record needs it.  ``loss`` and ``metrics`` are reported as floats.
-        Drill faults fire here, after the update.
+        The event carries the state hash (every ``hash_every`` steps, at each commit and
+        at the last), so a replay can be verified update by update: on the cadence alone,
+        hashed here from the arrays' own buffers for a state under `HASHED_HERE_BELOW`
+        (the event may wait ``HOLD_S`` to share the next write), else on the emitter's
+        thread while the next update runs, written in order; at a commit, an agreement or
+        the end, hashed here from host views and written at once.  The attempt's first
+        update lets go of the libraries' code pages (`release_code_pages_once`), and
+        drill faults fire here, after the update.
         """
         if self._pending != step:
             at = "no step" if self._pending is None else f"step {self._pending}"
@@ -294,6 +292,8 @@ class Run(Session):
             self.member.agree(step, self._hashed[1])
         if due:
             self._commit(step, leaves)
+        if step == self.start_step + 1:  # what a crash's exit would have to free
+            release_code_pages_once(wait=False)
         self.faults.after_update(step)
 
     def _hash_later(self, snapshot: Snapshot, step: int) -> Callable[[], dict[str, Any]]:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from jobwarden.hashing import files_digest
-from jobwarden.runtime import exit_now
+from jobwarden.runtime import exit_now, release_code_pages
 from jobwarden.sdk.distributed import PROCESSES_ENV
 from jobwarden.sdk.settings import RUN_FILE_ENV
 
@@ -128,7 +128,9 @@ class SpareWait:
         self._out.flush()
 
     def wait(self, prepared_s: float) -> Handoff:
-        """Say ready, then wait for the handoff; end of input ends the process at once."""
+        """Let go of the libraries' code pages and the heap's free memory (the warmup has
+        compiled), say ready, then wait for the handoff; end of input ends the process."""
+        release_code_pages(heap=True)
         self._say(READY, prepared_s=round(prepared_s, 4))
         line = sys.stdin.readline()
         if not line:

@@ -18,6 +18,7 @@ from jobwarden import sdk
 from jobwarden import statetree as state_tree
 from jobwarden.hashing import leaves_digest
 from jobwarden.jobfile import Job
+from jobwarden.runtime import release_code_pages_once
 
 if TYPE_CHECKING:
     from jobwarden.worker.warm import Warm
@@ -76,6 +77,7 @@ def _train(run: sdk.Run, init_state: Any, update: Any, examples: int, jitted: An
     state = run.restore(init_state)
     step_fn = jax.jit(update) if jitted is None else jitted
     jax.block_until_ready(step_fn(state))  # type: ignore[no-untyped-call]
+    release_code_pages_once(wait=True)  # compiled: what a crash's exit would free, let go now
     for step in run.steps(state):
         state, loss = step_fn(state)
         jax.block_until_ready((state, loss))  # type: ignore[no-untyped-call]

@@ -20,7 +20,7 @@ import numpy as np
 
 from jobwarden import statetree as state_tree
 from jobwarden.jobfile import Job
-from jobwarden.runtime import enable_compilation_cache, pin_environment
+from jobwarden.runtime import enable_compilation_cache, pin_environment, release_code_pages
 from jobwarden.sdk.distributed import Membership
 
 
@@ -62,4 +62,5 @@ def prepare(job: Job, compile_cache: Path | None, member: Membership | None = No
         leaves = [np.asarray(leaf) for _, leaf in state_tree.flatten(initial)]
         member.share_start(0, leaves)
         member.agree(0, "")
+    release_code_pages(heap=True)  # compiled: what a crash's exit would free, let go now
     return Warm(job.task or "", job.train_fields(), data, step)

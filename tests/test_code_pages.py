@@ -1,0 +1,118 @@
+"""`runtime.release_code_pages`: a worker lets go of its libraries' clean code pages, and
+never of a page it wrote (relocated data): real mappings, read back after the release."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from jobwarden.runtime import release_code_pages
+
+PAGE = mmap.PAGESIZE
+PAGES = 64
+
+
+def mapped(path: Path) -> tuple[int, int, int]:
+    """The start, Rss and Anonymous (kB) of this process's one mapping of ``path``."""
+    found = False
+    address = rss = 0
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line and line[0] in "0123456789abcdef":
+            found = line.rstrip().endswith(" " + str(path))
+            address = int(line.split("-", 1)[0], 16)
+        elif found and line.startswith("Rss:"):
+            rss = int(line.split()[1])
+        elif found and line.startswith("Anonymous:"):
+            return address, rss, int(line.split()[1])
+    raise AssertionError(f"{path} is not mapped")
+
+
+def test_clean_file_pages_are_released_and_read_back(tmp_path: Path) -> None:
+    data = bytes(range(256)) * (PAGES * PAGE // 256)
+    path = tmp_path / "library.bin"
+    path.write_bytes(data)
+    with path.open("rb") as file:
+        mapping = mmap.mmap(file.fileno(), len(data), flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+    try:
+        assert mapping[:] == data  # every page mapped
+        assert mapped(path)[1:] == (PAGES * PAGE // 1024, 0)
+        released = release_code_pages()
+        assert released >= PAGES * PAGE
+        assert mapped(path)[1:] == (0, 0)
+        assert mapping[:] == data  # mapped again, from the page cache, on the touch
+    finally:
+        mapping.close()
+
+
+def test_a_page_written_before_it_was_made_read_only_is_kept(tmp_path: Path) -> None:
+    """The case of relocated data: a private file mapping, written, then read-only (RELRO).
+    Releasing its pages would bring back the file's bytes in place of what was written."""
+    path = tmp_path / "relocated.bin"
+    path.write_bytes(b"\0" * PAGES * PAGE)
+    with path.open("rb") as file:
+        mapping = mmap.mmap(
+            file.fileno(),
+            PAGES * PAGE,
+            flags=mmap.MAP_PRIVATE,
+            prot=mmap.PROT_READ | mmap.PROT_WRITE,
+        )
+    try:
+        mapping[:PAGE] = b"w" * PAGE  # one page copied on write
+        _ = mapping[PAGE:]  # the others mapped from the file
+        address = mapped(path)[0]
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        assert libc.mprotect(address, PAGES * PAGE, mmap.PROT_READ) == 0
+        _, rss, anonymous = mapped(path)
+        assert anonymous == PAGE // 1024
+        assert rss == PAGES * PAGE // 1024
+        release_code_pages()
+        assert mapped(path)[1:] == (rss, anonymous)  # not touched at all
+        assert mapping[:PAGE] == b"w" * PAGE
+    finally:
+        mapping.close()
+
+
+def test_a_missing_smaps_releases_nothing(tmp_path: Path) -> None:
+    assert release_code_pages(tmp_path / "absent") == 0
+
+
+PROGRAM = """
+import json, os, sys
+import jax, jax.numpy as jnp
+from jobwarden.runtime import release_code_pages_once
+def rss():
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) << 10
+update = jax.jit(lambda x: (x @ x.T).sum())
+x = jnp.arange(64 * 64, dtype=jnp.float32).reshape(64, 64)
+before, first = rss(), float(update(x))
+thread = release_code_pages_once(wait=False)  # on a thread, as a run's first update does
+thread.join()
+after, twice = rss(), release_code_pages_once(wait=False)
+again = float(update(x))  # the code runs on, its pages mapped again
+later = float(jax.jit(lambda x: jnp.tanh(x).mean())(x))  # and the compiler too
+print(json.dumps({"before": before, "after": after, "twice": twice is None,
+                  "first": first, "again": again, "later": later}))
+"""
+
+
+def test_a_jax_process_runs_on_after_the_release() -> None:
+    """A real JAX process: most of its resident memory was its libraries' code, and the
+    update compiled before the release still gives the same bits after it."""
+    out = subprocess.run(
+        [sys.executable, "-c", PROGRAM],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["first"] == result["again"]
+    assert result["after"] < result["before"] - (40 << 20), result
+    assert result["twice"]  # once per process
