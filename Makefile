@@ -33,6 +33,7 @@ bench: setup
 	$(BIN)/python bench/goodput.py
 	$(BIN)/python bench/checkpoint.py
 	$(BIN)/python bench/daemon.py
+	$(BIN)/python bench/teardown.py
 	$(BIN)/python bench/control.py
 	$(BIN)/python bench/cli_start.py
 	$(BIN)/python bench/sdk.py

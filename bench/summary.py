@@ -26,6 +26,7 @@ BENCHES = (
     "peers",
     "checkpoint",
     "daemon",
+    "teardown",
     "control",
     "cli_start",
     "sdk",
