@@ -14,8 +14,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import structlog
-
 ENV = "JOBWARDEN_TEST_FAULT"
 PAUSE_S = 60.0
 """How long `pause_if` blocks: far longer than a test needs to SIGKILL the daemon."""
@@ -56,6 +54,8 @@ def active(fault: Fault, environ: Mapping[str, str] | None = None) -> bool:
 def pause_if(fault: Fault, **where: Any) -> None:
     """When ``fault`` is on: log ``testfault.paused`` with ``where``, then block `PAUSE_S`."""
     if active(fault):
+        import structlog  # here: a worker would otherwise import it (and rich) for nothing
+
         structlog.get_logger("wardend.testfaults").warning("testfault.paused", fault=fault, **where)
         time.sleep(PAUSE_S)
 
