@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 from jobwarden.runtime import release_code_pages
+from jobwarden.worker.command import worker_argv
+from tests.helpers import job
 
 PAGE = mmap.PAGESIZE
 PAGES = 64
@@ -116,3 +118,33 @@ def test_a_jax_process_runs_on_after_the_release() -> None:
     assert result["first"] == result["again"]
     assert result["after"] < result["before"] - (40 << 20), result
     assert result["twice"]  # once per process
+
+
+def library_kb(pid: int, name: str) -> int:
+    """The resident kB of process ``pid``'s mappings of the library file ``name``."""
+    total, inside = 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        if line and line[0] in "0123456789abcdef":
+            inside = line.rstrip().endswith("/" + name)
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_the_built_in_worker_lets_go_before_ready(compile_cache: Path, tmp_path: Path) -> None:
+    """A real worker, stalled after its first updates: of JAX's library, which compiling
+    its update mapped (about 100 MB), it keeps only what its loop runs."""
+    spec = job(tmp_path / "s.toml", "stall", faults={"stall_at": 2, "stall_seconds": 30})
+    with subprocess.Popen(
+        worker_argv(spec, tmp_path / "ck", compile_cache), stdout=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if '"stall_injected"' in line:
+                break
+        try:
+            resident = library_kb(proc.pid, "libjax_common.so")
+        finally:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert 0 < resident < 24 << 10, f"{resident} kB of libjax_common.so still mapped"
