@@ -172,14 +172,17 @@ def release_code_pages(smaps: Path = Path("/proc/self/smaps"), *, heap: bool = F
     the C heap's free memory back (glibc's ``malloc_trim``, which holds the allocator's
     locks while it runs: for a process that waits, not one that trains).
 
-    Only a private file mapping that is not writable and holds no page of its own (no
-    copy-on-write copy, such as relocated data) is touched: its pages stay in the page
-    cache, and the code that still runs maps them again on its first touch.  Why: an
-    exit frees a process's mapped pages one by one before its parent can see it, and a
-    JAX process, once it has compiled, maps about 130 MB of its libraries (most of it
-    the compiler's), so that teardown stands between a worker's crash and the
-    supervisor's incident (bench/teardown.py: 14 ms, and 8 ms after this).  Python
-    never unloads a library, so no range named here is reused before it is released.
+    Why: an exit frees a process's mapped pages one by one before its parent can see
+    it, and a JAX process, once it has compiled, maps about 130 MB of its libraries
+    (most of it the compiler's), so that teardown stands between a worker's crash and
+    the supervisor's incident (bench/teardown.py: 14 ms, and 8 ms after this).
+
+    Only a library's mapping is touched: a private file mapping, not writable, of a
+    file that is also mapped executable here (code the loader mapped: a data file that
+    a program maps and unmaps is never named, so its range cannot be reused for other
+    memory before it is released; Python never unloads a library), and that holds no
+    page of its own (a copy-on-write copy, such as relocated data, would be lost).  Its
+    pages stay in the page cache, and the code that still runs maps them again.
     """
     import ctypes
 
@@ -190,24 +193,30 @@ def release_code_pages(smaps: Path = Path("/proc/self/smaps"), *, heap: bool = F
         return 0
     madvise = libc.madvise
     madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    released = 0
-    candidate: tuple[int, int] | None = None
+    mappings: list[tuple[int, int, str, int]] = []  # clean ones: range, file, resident kB
+    code: set[str] = set()  # the files mapped executable
+    candidate: tuple[int, int, str] | None = None
     resident = 0
     for line in lines:
         if line and line[0] in "0123456789abcdef":  # a header: range perms offset dev inode path
             fields = line.split(maxsplit=5)
-            low, high = (int(bound, 16) for bound in fields[0].split("-"))
-            clean = fields[1][1] != "w" and fields[1][3] == "p" and fields[4] != "0"
-            named = len(fields) == 6 and fields[5].startswith("/")
-            candidate = (low, high) if clean and named else None
+            named = len(fields) == 6 and fields[4] != "0" and fields[5].startswith("/")
+            if named and fields[1][2] == "x":
+                code.add(fields[5])
+            candidate = None
+            if named and fields[1][1] != "w" and fields[1][3] == "p":
+                low, high = (int(bound, 16) for bound in fields[0].split("-"))
+                candidate = (low, high, fields[5])
         elif candidate is not None and line.startswith("Rss:"):
             resident = int(line.split()[1])
         elif candidate is not None and line.startswith("Anonymous:"):
             if int(line.split()[1]) == 0 and resident:
-                low, high = candidate
-                if madvise(low, high - low, MADV_DONTNEED) == 0:
-                    released += resident << 10
+                mappings.append((*candidate, resident))
             candidate = None
+    released = 0
+    for low, high, path, kilobytes in mappings:
+        if path in code and madvise(low, high - low, MADV_DONTNEED) == 0:
+            released += kilobytes << 10
     if heap and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
     RELEASED.set()

@@ -1,5 +1,6 @@
 """`runtime.release_code_pages`: a worker lets go of its libraries' clean code pages, and
-never of a page it wrote (relocated data): real mappings, read back after the release."""
+never of a page it wrote (relocated data) nor of a data file's mapping: real mappings,
+read back after the release."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import mmap
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from jobwarden.runtime import release_code_pages
@@ -17,16 +20,20 @@ from tests.helpers import job
 
 PAGE = mmap.PAGESIZE
 PAGES = 64
+SIZE = PAGES * PAGE
 
 
-def mapped(path: Path) -> tuple[int, int, int]:
-    """The start, Rss and Anonymous (kB) of this process's one mapping of ``path``."""
+def mapped(path: Path, size: int = SIZE) -> tuple[int, int, int]:
+    """The start, Rss and Anonymous (kB) of this process's mapping of ``path`` that is
+    ``size`` bytes long."""
     found = False
     address = rss = 0
     for line in Path("/proc/self/smaps").read_text().splitlines():
         if line and line[0] in "0123456789abcdef":
-            found = line.rstrip().endswith(" " + str(path))
-            address = int(line.split("-", 1)[0], 16)
+            bounds = line.split(" ", 1)[0].split("-")
+            address = int(bounds[0], 16)
+            length = int(bounds[1], 16) - address
+            found = line.rstrip().endswith(" " + str(path)) and length == size
         elif found and line.startswith("Rss:"):
             rss = int(line.split()[1])
         elif found and line.startswith("Anonymous:"):
@@ -34,50 +41,73 @@ def mapped(path: Path) -> tuple[int, int, int]:
     raise AssertionError(f"{path} is not mapped")
 
 
-def test_clean_file_pages_are_released_and_read_back(tmp_path: Path) -> None:
-    data = bytes(range(256)) * (PAGES * PAGE // 256)
-    path = tmp_path / "library.bin"
-    path.write_bytes(data)
+@contextmanager
+def mapping(path: Path, prot: int) -> Iterator[mmap.mmap]:
+    """A private mapping of the whole of ``path``."""
     with path.open("rb") as file:
-        mapping = mmap.mmap(file.fileno(), len(data), flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+        mapped_file = mmap.mmap(file.fileno(), SIZE, flags=mmap.MAP_PRIVATE, prot=prot)
     try:
-        assert mapping[:] == data  # every page mapped
-        assert mapped(path)[1:] == (PAGES * PAGE // 1024, 0)
-        released = release_code_pages()
-        assert released >= PAGES * PAGE
-        assert mapped(path)[1:] == (0, 0)
-        assert mapping[:] == data  # mapped again, from the page cache, on the touch
+        yield mapped_file
     finally:
-        mapping.close()
+        mapped_file.close()
+
+
+@contextmanager
+def library(path: Path) -> Iterator[None]:
+    """``path``'s first page also mapped executable, as the loader maps a library's code."""
+    with path.open("rb") as file:
+        code = mmap.mmap(
+            file.fileno(), PAGE, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_EXEC
+        )
+    try:
+        yield
+    finally:
+        code.close()
+
+
+def test_a_library_s_clean_pages_are_released_and_read_back(tmp_path: Path) -> None:
+    data = bytes(range(256)) * (SIZE // 256)
+    path = tmp_path / "library.so"
+    path.write_bytes(data)
+    with library(path), mapping(path, mmap.PROT_READ) as rodata:
+        assert rodata[:] == data  # every page mapped
+        assert mapped(path)[1:] == (SIZE // 1024, 0)
+        released = release_code_pages()
+        assert released >= SIZE
+        assert mapped(path)[1:] == (0, 0)
+        assert rodata[:] == data  # mapped again, from the page cache, on the touch
+
+
+def test_a_data_file_mapped_read_only_is_not_touched(tmp_path: Path) -> None:
+    """A program may unmap a data file at any time, and the range be reused for its other
+    memory before the release reaches it: only what the loader mapped is named."""
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"d" * SIZE)
+    with mapping(path, mmap.PROT_READ) as data:
+        assert data[:] == b"d" * SIZE
+        release_code_pages()
+        assert mapped(path)[1:] == (SIZE // 1024, 0)
 
 
 def test_a_page_written_before_it_was_made_read_only_is_kept(tmp_path: Path) -> None:
-    """The case of relocated data: a private file mapping, written, then read-only (RELRO).
-    Releasing its pages would bring back the file's bytes in place of what was written."""
-    path = tmp_path / "relocated.bin"
-    path.write_bytes(b"\0" * PAGES * PAGE)
-    with path.open("rb") as file:
-        mapping = mmap.mmap(
-            file.fileno(),
-            PAGES * PAGE,
-            flags=mmap.MAP_PRIVATE,
-            prot=mmap.PROT_READ | mmap.PROT_WRITE,
-        )
-    try:
-        mapping[:PAGE] = b"w" * PAGE  # one page copied on write
-        _ = mapping[PAGE:]  # the others mapped from the file
+    """The case of relocated data: a library's private mapping, written, then read-only
+    (RELRO).  Releasing its pages would bring back the file's bytes in place of what was
+    written."""
+    path = tmp_path / "relocated.so"
+    path.write_bytes(b"\0" * SIZE)
+    with library(path), mapping(path, mmap.PROT_READ | mmap.PROT_WRITE) as relocated:
+        relocated[:PAGE] = b"w" * PAGE  # one page copied on write
+        _ = relocated[PAGE:]  # the others mapped from the file
         address = mapped(path)[0]
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-        assert libc.mprotect(address, PAGES * PAGE, mmap.PROT_READ) == 0
+        assert libc.mprotect(address, SIZE, mmap.PROT_READ) == 0
         _, rss, anonymous = mapped(path)
         assert anonymous == PAGE // 1024
-        assert rss == PAGES * PAGE // 1024
+        assert rss == SIZE // 1024
         release_code_pages()
         assert mapped(path)[1:] == (rss, anonymous)  # not touched at all
-        assert mapping[:PAGE] == b"w" * PAGE
-    finally:
-        mapping.close()
+        assert relocated[:PAGE] == b"w" * PAGE
 
 
 def test_a_missing_smaps_releases_nothing(tmp_path: Path) -> None:
