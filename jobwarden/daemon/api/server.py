@@ -1,5 +1,4 @@
-"""The control socket's server side: peer-credential checks, admission, bounded requests,
-dispatch.
+"""The control socket's server side: peer checks, admission, bounded requests, dispatch.
 
 Every connection's peer is checked with SO_PEERCRED as it is accepted: root, the
 daemon's own uid, or a member of the configured group; anyone else is told
@@ -21,13 +20,13 @@ uid of the control group holding every slot and every place keeps root waiting
 `GRACE_S` or `STUCK_S` at most.  Out of descriptors, `listener.Listener` still tells
 each client busy, on a descriptor it keeps in reserve.
 
-A served connection is bounded too: a request line of at most `MAX_REQUEST_BYTES`
-is read within the timeout, and each answer must be taken by the client within the
-same timeout, or the connection is dropped with whatever it had buffered.  So a
-slow, silent or malformed client never blocks the loop or other clients, never
-keeps an honest client out for long, and never holds memory for long.  Handlers are
-plain functions run on the daemon's loop; any exception in one is an error answer,
-never a silent hang-up.
+A served connection is bounded too: a request line of at most `MAX_REQUEST_BYTES` is
+read within the timeout, and each answer must be taken by the client within the same
+timeout, or the connection is dropped with whatever it had buffered.  So a slow,
+silent or malformed client never blocks the loop or other clients, never keeps an
+honest client out for long, and never holds memory for long (once an overload has
+passed, the heap's free pages are handed back).  Handlers are plain functions run on
+the daemon's loop; any exception in one is an error answer, never a silent hang-up.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import grp
 import inspect
 import os
@@ -88,19 +88,16 @@ def waiting_room() -> int:
 
 def _malloc_trim() -> Callable[[], object]:
     try:
-        libc = ctypes.CDLL(None)
-        trim = libc.malloc_trim
+        trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc: nothing to hand back this way
         return lambda: None
     return lambda: trim(0)
 
 
 release_memory = _malloc_trim()
-"""Hand the allocator's free pages back to the system (glibc's ``malloc_trim``).
-
-Request lines of up to a megabyte, read from many clients at once, leave the
-heap fragmented: without a trim the daemon's rss stays at its peak after an
-attack has ended."""
+"""Hand the allocator's free pages back to the system (glibc's ``malloc_trim``): request
+lines of up to a megabyte, read from many clients at once, leave the heap fragmented,
+and without a trim the daemon's rss stays at its peak after an attack has ended."""
 
 
 class ControlServer:
@@ -137,12 +134,10 @@ class ControlServer:
 
     def allowed(self, uid: int, gid: int) -> bool:
         """root, the daemon's uid, or the configured group."""
-        if uid in (0, os.getuid()):
+        if uid in (0, os.getuid()) or (self.gid is not None and gid == self.gid):
             return True
         if self.gid is None:
             return False
-        if gid == self.gid:
-            return True
         try:
             import pwd
 
@@ -222,6 +217,15 @@ class ControlServer:
         slot.task = task
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._trim_if_quiet)
+
+    def _trim_if_quiet(self, _: object = None) -> None:
+        """Once an overload has passed (no slot held, no evicted connection still read from,
+        their buffers freed), hand the heap's free pages back (`release_memory`)."""
+        if not self.admission.slots and not self.lingering and self.pressure != self._trimmed_at:
+            self._trimmed_at = self.pressure
+            gc.collect()  # a connection's buffers may be held in a cycle of its transport
+            release_memory()
 
     def _release(self, slot: Slot) -> None:
         """Free ``slot`` and hand it on to the next waiter."""
@@ -229,9 +233,6 @@ class ControlServer:
             return
         while self.admission.free() and (waiter := self.admission.next_waiter()) is not None:
             self._grant(waiter)
-        if not self.admission.slots and self.pressure != self._trimmed_at:
-            self._trimmed_at = self.pressure
-            release_memory()
 
     def _tick(self) -> None:
         """While clients wait: notice requests that came in, tell those waiting too long
@@ -277,6 +278,7 @@ class ControlServer:
 
     def _lingered(self, _: object) -> None:
         self.lingering -= 1
+        self._trim_if_quiet()
 
     async def _serve(self, waiter: Waiter, slot: Slot) -> None:
         """Serve one connection in its slot until it ends or is evicted."""
