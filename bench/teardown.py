@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import select
 import signal
 import statistics
 import subprocess
@@ -34,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from daemon_records import wait_exit
 from figures import context, records
 
 from jobwarden.runtime import pin_environment
@@ -68,16 +68,13 @@ def one(variant: str, env: dict[str, str]) -> tuple[float, int]:
         raise SystemExit(f"the {variant} worker did not start (exit {process.wait()})")
     status = Path(f"/proc/{process.pid}/status").read_text()
     rss = int(status.split("VmRSS:")[1].split()[0]) << 10
-    exited = os.pidfd_open(process.pid)
-    try:
-        began = time.perf_counter()
-        os.kill(process.pid, signal.SIGKILL)
-        select.select([exited], [], [])
-        seen = time.perf_counter() - began
-    finally:
-        os.close(exited)
-        process.wait()
-    return seen, rss
+    began = time.time()
+    os.kill(process.pid, signal.SIGKILL)
+    exited = wait_exit(process.pid, 60)  # a child not yet waited for: its pidfd still opens
+    process.wait()
+    if exited is None:
+        raise SystemExit(f"the {variant} worker's exit was not seen")
+    return exited - began, rss
 
 
 def main(argv: list[str] | None = None) -> int:

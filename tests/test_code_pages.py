@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 from jobwarden.runtime import release_code_pages
 from jobwarden.worker.command import worker_argv
@@ -23,21 +24,37 @@ PAGES = 64
 SIZE = PAGES * PAGE
 
 
+class Mapping(NamedTuple):
+    """One mapping of a process, as /proc/PID/smaps lists it (sizes in kB)."""
+
+    start: int
+    length: int
+    path: str
+    rss: int
+    anonymous: int
+
+
+def mappings(pid: int | str = "self") -> Iterator[Mapping]:
+    """Every mapping of process ``pid``."""
+    start = length = rss = 0
+    path = ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        if line and line[0] in "0123456789abcdef":
+            fields = line.split(maxsplit=5)
+            low, high = (int(bound, 16) for bound in fields[0].split("-"))
+            start, length, path = low, high - low, fields[5] if len(fields) == 6 else ""
+        elif line.startswith("Rss:"):
+            rss = int(line.split()[1])
+        elif line.startswith("Anonymous:"):
+            yield Mapping(start, length, path, rss, int(line.split()[1]))
+
+
 def mapped(path: Path, size: int = SIZE) -> tuple[int, int, int]:
     """The start, Rss and Anonymous (kB) of this process's mapping of ``path`` that is
     ``size`` bytes long."""
-    found = False
-    address = rss = 0
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        if line and line[0] in "0123456789abcdef":
-            bounds = line.split(" ", 1)[0].split("-")
-            address = int(bounds[0], 16)
-            length = int(bounds[1], 16) - address
-            found = line.rstrip().endswith(" " + str(path)) and length == size
-        elif found and line.startswith("Rss:"):
-            rss = int(line.split()[1])
-        elif found and line.startswith("Anonymous:"):
-            return address, rss, int(line.split()[1])
+    for found in mappings():
+        if found.path == str(path) and found.length == size:
+            return found.start, found.rss, found.anonymous
     raise AssertionError(f"{path} is not mapped")
 
 
@@ -152,13 +169,7 @@ def test_a_jax_process_runs_on_after_the_release() -> None:
 
 def library_kb(pid: int, name: str) -> int:
     """The resident kB of process ``pid``'s mappings of the library file ``name``."""
-    total, inside = 0, False
-    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
-        if line and line[0] in "0123456789abcdef":
-            inside = line.rstrip().endswith("/" + name)
-        elif inside and line.startswith("Rss:"):
-            total += int(line.split()[1])
-    return total
+    return sum(found.rss for found in mappings(pid) if found.path.endswith("/" + name))
 
 
 def test_the_built_in_worker_lets_go_before_ready(compile_cache: Path, tmp_path: Path) -> None:
