@@ -13,7 +13,9 @@ must not start it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -134,3 +136,121 @@ def zero_opt_state(state: Any) -> Any:
     if not isinstance(state, dict) or "opt_state" not in state:
         return state
     return {**state, "opt_state": jax.tree_util.tree_map(jnp.zeros_like, state["opt_state"])}
+
+
+Getter = Callable[[State], "list[Any] | None"]
+"""``jax.tree_util.tree_leaves`` of a state built like one seen before, or None."""
+_LEAF_TYPES = (bool, int, float, np.ndarray, np.generic)
+
+
+class _Unfollowed(Exception):
+    """A container whose flattening a getter does not repeat: the state has no getter."""
+
+
+def leaf_getter(state: State) -> Getter | None:
+    """A function that gives the leaves of a state built as ``state`` is, as
+    ``jax.tree_util.tree_leaves`` would, without calling the pytree registry's Python
+    flatteners node by node; None where it would not pay or cannot follow ``state``.
+
+    Built once per structure (generated code, one subscript or attribute per node), it
+    checks every node of the state it is given: the same type (exactly), the same length
+    and the same keys (a missing key fails the lookup, a new one the length), and a leaf
+    of the same type; for any other state it returns None, and the caller flattens.  It
+    follows dicts, lists, tuples, named tuples and None, which JAX flattens in C++, and
+    Flax NNX's `State` and `Variable`, whose Python flatteners are most of a training
+    state's flattening cost: a state with none of those gets no getter.
+    """
+    follower = _Follower(_nnx())
+    try:
+        follower.follow("state", state)
+    except _Unfollowed:
+        return None
+    if not follower.python_nodes:
+        return None  # JAX's flattening of it runs in C++: a getter would not pay its build
+    body = "".join(f"        {line}\n" for line in follower.lines)
+    source = (
+        "def leaves(state):\n"
+        "    try:\n"
+        f"{body}"
+        "    except (LookupError, AttributeError, TypeError):\n"
+        "        return None\n"
+        f"    return [{', '.join(follower.leaves)}]\n"
+    )
+    names = dict(follower.types)
+    exec(compile(source, "<jobwarden leaf getter>", "exec"), names)  # noqa: S102 - our own text
+    getter: Getter = names["leaves"]
+    import jax
+
+    expected = jax.tree_util.tree_leaves(state)
+    got = getter(state)
+    if got is None or len(got) != len(expected) or not all(map(operator.is_, got, expected)):
+        return None  # a flattener that does not do what it is followed as doing
+    return getter
+
+
+class _Follower:
+    """The lines of a leaf getter, written node by node as JAX's flattening visits them."""
+
+    def __init__(self, nnx: tuple[type, type] | None) -> None:
+        self.nnx = nnx
+        self.lines: list[str] = []
+        self.types: dict[str, type] = {}
+        self.leaves: list[str] = []
+        """the names bound to leaves, in order"""
+        self.python_nodes = 0
+        """nodes whose flattening JAX does in Python (NNX's)"""
+
+    def follow(self, expression: str, node: Any) -> None:
+        """The lines that bind ``node`` (reached by ``expression``), check it and follow it."""
+        name = f"n{len(self.lines)}"
+        self.lines.append(f"{name} = {expression}")
+        if node is None:
+            self.lines.append(f"if {name} is not None: return None")
+            return
+        kind = type(node)
+        kind_name = f"t{id(kind)}"
+        self.types[kind_name] = kind
+        self.lines.append(f"if type({name}) is not {kind_name}: return None")
+        nnx = self.nnx
+        if kind is dict or (nnx is not None and isinstance(node, nnx[0])):
+            mapping = node
+            if kind is not dict:
+                self.python_nodes += 1
+                mapping = node._mapping
+                self.lines.append(f"{name} = {name}._mapping")
+            try:
+                keys = sorted(mapping)
+            except TypeError:  # keys of several types: JAX cannot flatten it either
+                raise _Unfollowed from None
+            if any(type(key) not in (str, int) for key in keys):
+                raise _Unfollowed
+            self.lines.append(f"if len({name}) != {len(keys)}: return None")
+            for key in keys:
+                self.follow(f"{name}[{key!r}]", mapping[key])
+        elif kind in (list, tuple) or (issubclass(kind, tuple) and hasattr(kind, "_fields")):
+            self.lines.append(f"if len({name}) != {len(node)}: return None")
+            for index, item in enumerate(node):
+                self.follow(f"{name}[{index}]", item)
+        elif nnx is not None and isinstance(node, nnx[1]):
+            self.python_nodes += 1
+            self.follow(f"{name}._raw_value", getattr(node, "_raw_value"))  # noqa: B009
+        elif _is_leaf(node):
+            self.leaves.append(name)
+        else:
+            raise _Unfollowed
+
+
+def _is_leaf(node: Any) -> bool:
+    """Whether ``node`` is a leaf of JAX's flattening that a getter may hand on as is."""
+    import jax
+
+    return isinstance(node, (jax.Array, *_LEAF_TYPES))
+
+
+def _nnx() -> tuple[type, type] | None:
+    """Flax NNX's `State` and `Variable` classes, when the program imported Flax NNX."""
+    statelib = sys.modules.get("flax.nnx.statelib")
+    variablelib = sys.modules.get("flax.nnx.variablelib")
+    if statelib is None or variablelib is None:
+        return None
+    return statelib.State, variablelib.Variable

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import sys
+from collections.abc import Hashable
 from typing import Any, cast
 
 import numpy as np
@@ -41,13 +42,16 @@ class Flattener:
         import jax
 
         self._jax = jax
-        self._paths: dict[Any, tuple[list[str], int]] = {}
-        """per treedef: the leaves' paths, and their bytes when the tree was first seen"""
+        self._paths: dict[Any, tuple[state_tree.Getter | None, list[str], int]] = {}
+        """per treedef: its leaf getter, the leaves' paths, and their bytes when the tree
+        was first seen"""
+        self._last: tuple[state_tree.Getter | None, list[str], int] = (None, [], 0)
+        """the last tree's: a state whose leaves its getter gives needs no flattening"""
         self._kinds: dict[Any, str] = {}
         self._immutable: set[type] = set()
         """the types of JAX array seen: kept as they are, a type check per leaf in C"""
         self._exports = sys.byteorder == "little"  # the canonical bytes are little-endian
-        self._plans: dict[int, tuple[list[str], tuple[Any, ...], tuple[tuple[int, str], ...]]] = {}
+        self._plans: dict[int, tuple[list[str], Hashable, tuple[tuple[int, str], ...]]] = {}
 
     def __call__(self, state: Any) -> Leaves:
         """Named host copies (or views) of every leaf; raises `statetree.UnsupportedLeaf`."""
@@ -58,13 +62,17 @@ class Flattener:
         this call would give now: its leaves taken out of the program's containers (which
         it may change in place), a JAX array as it is (immutable), anything else as a host
         copy made now (a NumPy array is the program's to change)."""
-        values, treedef = self._jax.tree_util.tree_flatten(state)
-        tree = self._paths.get(treedef)
-        if tree is None:
-            if len(self._paths) >= MAX_CACHED_TREES:
-                self._paths.clear()
-            tree = self._paths[treedef] = (state_tree.leaf_paths(state), _nbytes(values))
-        paths, nbytes = tree
+        getter, paths, nbytes = self._last
+        values = getter(state) if getter is not None else None
+        if values is None:
+            values, treedef = self._jax.tree_util.tree_flatten(state)
+            tree = self._paths.get(treedef)
+            if tree is None:
+                if len(self._paths) >= MAX_CACHED_TREES:
+                    self._paths.clear()
+                paths, nbytes = state_tree.leaf_paths(state), _nbytes(values)
+                tree = self._paths[treedef] = (state_tree.leaf_getter(state), paths, nbytes)
+            getter, paths, nbytes = self._last = tree
         if all(map(self._immutable.__contains__, map(type, values))):
             return Snapshot(self, paths, values, nbytes)  # every leaf a JAX array, as it is
         array_type = self._jax.Array
@@ -110,17 +118,18 @@ class Flattener:
                 return np.asarray(data)
         return state_tree.host_array(path, leaf)
 
-    def exported(self, paths: list[str], values: list[Any], dtypes: tuple[Any, ...]) -> list[Any]:
-        """The values (of ``dtypes``), each as an exporter of its canonical bytes
+    def exported(self, paths: list[str], values: list[Any], layout: Hashable) -> list[Any]:
+        """The values (of ``layout``, equal exactly when their dtypes and shapes are), each
+        as an exporter of its canonical bytes
         (`StateHasher.of_buffers`): a JAX array as it is (on this host, the buffer
         protocol gives its bytes once it is ready), a typed key as its raw key data, a
         NumPy array in canonical order, the rest as `host` gives them.  The choice is made
-        once per tree and dtypes."""
+        once per tree and layout."""
         plan = self._plans.get(id(paths))
-        if plan is None or plan[0] is not paths or plan[1] != dtypes:
+        if plan is None or plan[0] is not paths or plan[1] != layout:
             if len(self._plans) >= MAX_CACHED_TREES:
                 self._plans.clear()
-            plan = self._plans[id(paths)] = (paths, dtypes, self._plan(paths, values))
+            plan = self._plans[id(paths)] = (paths, layout, self._plan(paths, values))
         changed = plan[2]
         if not changed:
             return values
@@ -238,7 +247,7 @@ class Snapshot:
             values = self._values
             layout = (tuple(map(_DTYPE, values)), tuple(map(_SHAPE, values)))
             try:
-                exported = self._flattener.exported(self.paths, values, layout[0])
+                exported = self._flattener.exported(self.paths, values, layout)
                 return hasher.of_buffers(self.paths, exported, step, layout)
             except (BufferError, TypeError, ValueError, RuntimeError):
                 if self.donated():
