@@ -199,6 +199,7 @@ CRASHING = textwrap.dedent(
     import numpy as np
     import jobwarden.sdk as jw
     from jobwarden.sdk import run as sdk_run, stream
+    from jobwarden.sdk.leaves import Snapshot
 
     sdk_run.HASHED_HERE_BELOW = 0  # every hash on the emitter's thread, even this small one
     crash_at, events = int(sys.argv[1]), sys.argv[2]
@@ -210,11 +211,8 @@ CRASHING = textwrap.dedent(
             state = {"params": state["params"] + step}
             if step == crash_at:  # this update's hash never finishes: the crash comes first
                 run.emitter.drain()  # the earlier ones are out
-                real = run._hash_later
-                def stuck(state, step):
-                    fields = real(state, step)
-                    return lambda: (gate.wait(), fields())[1]
-                run._hash_later = stuck
+                real = Snapshot.fields
+                Snapshot.fields = lambda self, *args: (gate.wait(), real(self, *args))[1]
             run.progress(step, state, loss=float(step))
             if step == crash_at:
                 os.kill(os.getpid(), signal.SIGKILL)

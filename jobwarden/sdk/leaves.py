@@ -51,6 +51,8 @@ class Flattener:
         self._immutable: set[type] = set()
         """the types of JAX array seen: kept as they are, a type check per leaf in C"""
         self._exports = sys.byteorder == "little"  # the canonical bytes are little-endian
+        self.donations = 0
+        """states whose arrays were donated to a later update before they were hashed"""
         self._plans: dict[int, tuple[list[str], Hashable, tuple[tuple[int, str], ...]]] = {}
 
     def __call__(self, state: Any) -> Leaves:
@@ -204,6 +206,15 @@ def same_tree(specs: tuple[Any, ...], expected: Expected) -> None:
     raise UsageError(f"the state has {len(specs)} leaves, run.restore() had {len(expected.leaves)}")
 
 
+def finished(loss: Any, snapshot: Snapshot | None, hasher: Any, step: int) -> dict[str, Any]:
+    """A progress event's loss and, with a ``snapshot``, its hash (`Snapshot.fields`), made
+    once the update has ended: `RunEmitter.emit_next`'s ``finish``."""
+    done: dict[str, Any] = {"loss": None if loss is None else float(loss)}
+    if snapshot is not None:
+        done.update(snapshot.fields(hasher, step))
+    return done
+
+
 def _nbytes(values: list[Any]) -> int:
     """The leaves' bytes together, as far as they tell (a leaf that does not counts 0)."""
     total = 0
@@ -254,6 +265,19 @@ class Snapshot:
                     raise RuntimeError("an array of the state was donated") from None
                 self._flattener.no_exports()
         return hasher(self.leaves(), step)
+
+    def fields(self, hasher: StateHasher, step: int) -> dict[str, Any]:
+        """`hash` as a progress event's fields, or none for a state an array of which was
+        donated to a later update before it was hashed (then it is not a verification
+        point)."""
+        try:
+            digest, components = self.hash(hasher, step)
+        except RuntimeError:
+            if not self.donated():
+                raise
+            self._flattener.donations += 1
+            return {}
+        return {"state_hash": digest, "components": components}
 
     def donated(self) -> bool:
         """Whether a JAX array of it was deleted since (donated to a later update)."""

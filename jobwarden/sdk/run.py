@@ -12,6 +12,7 @@ is hashed into every checkpoint's provenance.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -24,8 +25,9 @@ from jobwarden.checkpoint.validate import Expected
 from jobwarden.errors import PreemptedExit, ResumePolicyError
 from jobwarden.hashing import Leaves
 from jobwarden.runtime import release_code_pages_once
-from jobwarden.sdk.leaves import HASHED_HERE_BELOW, Snapshot, UsageError, same_tree
+from jobwarden.sdk.leaves import HASHED_HERE_BELOW, UsageError, finished, same_tree
 from jobwarden.sdk.session import Session
+from jobwarden.sdk.stream import HOLD_S
 from jobwarden.shards.attach import Place, open_sharded
 from jobwarden.shards.commit import ShardCommitter
 from jobwarden.shards.hash import ShardedStateHasher, layout_of
@@ -37,6 +39,8 @@ class Run(Session):
 
     _sharded: ShardCommitter | None = None
     """Set by `restore` in every member when the state is laid out over the members."""
+    _reported_at = 0.0
+    """when the last update was reported (`time.perf_counter`)"""
 
     # -- restoring ---------------------------------------------------------------------------
 
@@ -234,18 +238,19 @@ class Run(Session):
         """Report update ``step``, which produced ``state``; commit it when it is due.
 
         The event carries the state hash (every ``hash_every`` steps, at each commit and
-        at the last), so a replay can be verified update by update: on the cadence alone,
-        hashed here from the arrays' own buffers for a state under `HASHED_HERE_BELOW`
-        (the event may wait ``HOLD_S`` to share the next write), else on the emitter's
-        thread while the next update runs, written in order; at a commit, an agreement or
-        the end, hashed here from host views and written at once.  The attempt's first
-        update lets go of the libraries' code pages (`release_code_pages_once`), and
-        drill faults fire here, after the update.
+        at the last), so a replay can be verified update by update.  In a fast loop (the
+        last report under ``HOLD_S`` ago) the event's loss and hash are taken at the next
+        report, while the next update runs (`RunEmitter.emit_next`); a state of
+        `HASHED_HERE_BELOW` or more is hashed on the emitter's thread; at a commit, an
+        agreement or the end, the hash is made here and the event written at once.  The
+        first update lets go of the code pages (`release_code_pages_once`); drill faults
+        fire here, after the update.
         """
         if self._pending != step:
             at = "no step" if self._pending is None else f"step {self._pending}"
             raise UsageError(f"run.progress({step}) but the loop yielded {at}")
-        elapsed = time.perf_counter() - self._yielded_at
+        reported, self._reported_at = self._reported_at, time.perf_counter()
+        elapsed = self._reported_at - self._yielded_at
         self._pending, self._state, self._step = None, state, step
         run = self.settings.run
         on_cadence = step % run.checkpoint_every == 0 or step == run.steps
@@ -254,34 +259,39 @@ class Run(Session):
         now = due or agree or step == run.steps  # the hash is needed before this returns
         if isinstance(self._state_hash, ShardedStateHasher):  # a collective: every member, here
             now = now or step % run.hash_every == 0
-        later = not now and step % run.hash_every == 0
+        hashes = not now and step % run.hash_every == 0
+        snapshot = self._named(state) if hashes else None
+        later = snapshot is not None and snapshot.nbytes >= HASHED_HERE_BELOW
         fields: dict[str, Any] = {"state_hash": None}
+        if metrics:
+            fields["metrics"] = {name: float(value) for name, value in metrics.items()}
+        event = {"step": step, "loss": None, "examples": examples, "update_s": elapsed}
+        fast = not now and not later and self._reported_at - reported < HOLD_S
+        if fast:
+            self.emitter.finish_next()  # the last update's: was its state donated since?
+        if fast and (self._flatten is None or not self._flatten.donations):
+            # A fast loop: this update's loss and hash are taken at the next report, while
+            # the next update runs, instead of waiting for this one to end.
+            finish = functools.partial(finished, loss, snapshot, self._state_hash, step)
+            self.emitter.emit_next("progress", finish, **event, **fields)
+            self.faults.after_update(step)
+            return
         leaves: Leaves | None = None
         hashed: tuple[str, dict[str, str]] | None = None
         if now:
             leaves = self._leaves(state)
             hashed = self._state_hash(leaves, step)
-        elif later:
-            snapshot = self._named(state)
-            later = snapshot.nbytes >= HASHED_HERE_BELOW  # else cheaper here than handed over
-            if not later:
-                hashed = snapshot.hash(self._state_hash, step)
+        elif snapshot is not None and not later:
+            hashed = snapshot.hash(self._state_hash, step)
         if hashed is not None:
-            fields = {"state_hash": hashed[0], "components": hashed[1]}
+            fields = {**fields, "state_hash": hashed[0], "components": hashed[1]}
             self._hashed = (step, *hashed)
-        if metrics:
-            fields["metrics"] = {name: float(value) for name, value in metrics.items()}
         if due:  # the supervisor watches the commit that follows as a phase of its own
             fields["commit"] = "background" if run.async_commit else "sync"
-        event = {
-            "step": step,
-            "loss": None if loss is None else float(loss),
-            "examples": examples,
-            "update_s": elapsed,
-            **fields,
-        }
-        if later:
-            self.emitter.emit_later("progress", self._hash_later(snapshot, step), **event)
+        event = {**event, "loss": None if loss is None else float(loss), **fields}
+        if later and snapshot is not None:
+            fields_later = functools.partial(snapshot.fields, self._state_hash, step)
+            self.emitter.emit_later("progress", fields_later, **event)
         elif leaves is not None:  # evidence: written at once
             self.emitter.emit("progress", **event)
         else:  # may share a later write
@@ -295,23 +305,6 @@ class Run(Session):
         if step == self.start_step + 1:  # what a crash's exit would have to free
             release_code_pages_once(wait=False)
         self.faults.after_update(step)
-
-    def _hash_later(self, snapshot: Snapshot, step: int) -> Callable[[], dict[str, Any]]:
-        """The hash of ``snapshot`` at ``step`` as the event's fields, to be computed on the
-        emitter's thread (the leaves were taken out of the program's containers before the
-        next update: a JAX array is immutable; anything else was copied)."""
-        hasher = self._state_hash  # its caches are dicts: safe to share under the GIL
-
-        def fields() -> dict[str, Any]:
-            try:
-                digest, components = snapshot.hash(hasher, step)
-            except RuntimeError:
-                if not snapshot.donated():
-                    raise
-                return {}  # donated to the next update before it was hashed: not a point
-            return {"state_hash": digest, "components": components}
-
-        return fields
 
     # -- ending ------------------------------------------------------------------------------
 

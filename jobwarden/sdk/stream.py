@@ -75,11 +75,14 @@ class RunEmitter(Emitter):
         """of those, the `emit_later` ones"""
         self._worker: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._next: tuple[str, float, dict[str, Any], Later] | None = None
+        """the event `emit_next` left, to be finished when the next one is emitted"""
 
     def emit(self, kind: str, **fields: Any) -> None:
         """Write one event now, after any held ones, or drop it when the stream is broken;
         after the events still waiting for their fields (`emit_later`), in its turn."""
         with self._lock:
+            self._settle_next()
             if self._waiting:
                 self._enqueue(Slot(kind, time.time(), fields, None, held=False))
             else:
@@ -95,10 +98,49 @@ class RunEmitter(Emitter):
         before it.  Each event keeps the time it happened.
         """
         with self._lock:
-            if self._waiting:
-                self._enqueue(Slot(kind, time.time(), fields, None, held=True))
-            else:
-                self._hold(kind, time.time(), fields)
+            self._settle_next()
+            self._held_at(kind, time.time(), fields)
+
+    def emit_next(self, kind: str, finish: Later, **fields: Any) -> None:
+        """Leave one event whose remaining fields ``finish()`` gives when the next event is
+        emitted (or the emitter drained, released or stopped), on that caller's thread:
+        what the update still running at this call has not yet made (its loss, its
+        state's bytes) is ready by then, so taking it costs the loop no wait, and it is
+        taken while the next update runs.
+
+        The event keeps the time of this call and is then held as `emit_held` holds it;
+        a crash before the next event loses it.  An error of ``finish`` is raised by the
+        next `emit_next` or `drain`, on its caller's thread; its event is written without
+        the fields.
+        """
+        with self._lock:
+            self._settle_next()
+            self._next = (kind, time.time(), fields, finish)
+        self._raise_error()
+
+    def finish_next(self) -> None:
+        """Finish and hold the event `emit_next` left now, if one is left."""
+        with self._lock:
+            self._settle_next()
+
+    def _settle_next(self) -> None:
+        """Hold the event `emit_next` left, its fields finished (the lock held)."""
+        left, self._next = self._next, None
+        if left is None:
+            return
+        kind, at, fields, finish = left
+        try:
+            fields = {**fields, **finish()}
+        except BaseException as error:  # noqa: BLE001 - raised on the training thread
+            self._error = self._error or error
+        self._held_at(kind, at, fields)
+
+    def _held_at(self, kind: str, at: float, fields: dict[str, Any]) -> None:
+        """`emit_held`'s part under the lock, for an event of time ``at``."""
+        if self._waiting:
+            self._enqueue(Slot(kind, at, fields, None, held=True))
+        else:
+            self._hold(kind, at, fields)
 
     def emit_later(self, kind: str, later: Later, **fields: Any) -> None:
         """Write one event with ``fields`` and what ``later()`` returns, once a thread of the
@@ -111,6 +153,7 @@ class RunEmitter(Emitter):
         """
         self._raise_error()
         with self._lock:
+            self._settle_next()
             while self._computing >= LATER_AT_MOST:
                 self._written.wait()
             self._computing += 1
@@ -125,6 +168,7 @@ class RunEmitter(Emitter):
         """Wait until every event emitted so far is written (or held); raises the error of
         an `emit_later` computation, once."""
         with self._lock:
+            self._settle_next()
             while self._waiting:
                 self._written.wait()
         self._raise_error()
@@ -141,7 +185,13 @@ class RunEmitter(Emitter):
                 worker.join()
 
     def release(self, kind: str = "held") -> None:
-        """Write the held events (one write, flushed); dropped when the stream is broken."""
+        """Write the held events (one write, flushed), the one `emit_next` left among them;
+        dropped when the stream is broken."""
+        with self._lock:
+            self._settle_next()
+            self._release(kind)
+
+    def _release(self, kind: str) -> None:
         with self._lock:
             held, self._held = self._held, []
             self._written_at = self._clock()
@@ -152,12 +202,12 @@ class RunEmitter(Emitter):
 
     def _write_now(self, kind: str, at: float, fields: dict[str, Any]) -> None:
         self._held.append((kind, at, fields))
-        self.release(kind)
+        self._release(kind)
 
     def _hold(self, kind: str, at: float, fields: dict[str, Any]) -> None:
         self._held.append((kind, at, fields))
         if len(self._held) >= HOLD_EVENTS or self._clock() - self._written_at >= HOLD_S:
-            self.release(kind)
+            self._release(kind)
 
     def _enqueue(self, slot: Slot) -> None:
         self._waiting += 1
