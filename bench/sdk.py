@@ -35,7 +35,8 @@ per-component recipe cached per layout, the arrays' own buffers joined) and
 uncached (`jobwarden.statetree.flatten` and ``state_hash``, which give the same
 hash), to show where the time goes.
 Also for a wider model (``--hidden``), whose larger state shows what
-``hash_every`` buys.  Target: at most 5 % of the update time.
+``hash_every`` buys.  Targets: at most 5 % of the update time on the digits
+model, 2 % on a wider one.
 
     .venv/bin/python bench/sdk.py [--rounds 60] [--updates 50] [--hidden 128,1024]
 
@@ -75,6 +76,15 @@ from jobwarden.sdk.leaves import HASHED_HERE_BELOW, Flattener  # noqa: E402
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET = 0.05
+WIDE_TARGET = 0.02
+"""issue 24's target for the 1,024-wide model (and any width but the example's 128)"""
+
+
+def target_of(hidden: int) -> float:
+    """The overhead allowed at one hash per update: 5 % for the example, 2 % wider."""
+    return TARGET if hidden == 128 else WIDE_TARGET
+
+
 HASH_EVERY = (1, 2, 5, 10, 100)
 PACKAGES = ("jax", "jaxlib", "numpy", "flax", "optax", "xxhash")
 MISSING = "the examples extra is not installed: pip install -c constraints.txt -e '.[examples]'"
@@ -151,7 +161,7 @@ class ModelResult:
                     "update_median_s": statistics.median(v.update_s),
                     "overhead": self.overhead(v),
                     "in_sdk": self.in_sdk(v),
-                    "target_met": self.overhead(v) <= TARGET,
+                    "target_met": self.overhead(v) <= target_of(self.hidden),
                     "rounds_s": v.update_s,
                     "in_sdk_rounds_s": v.in_sdk_s,
                 }
@@ -295,7 +305,7 @@ def table(results: list[ModelResult]) -> list[str]:
             lines.append(
                 f"  {variant.name:<20} {statistics.median(variant.update_s) * 1e6:>8.0f} us "
                 f"{over:>+9.1%} {'-' if in_sdk is None else f'{in_sdk:.1%}':>7}  "
-                f"{'met' if over <= TARGET else 'missed'}"
+                f"{'met' if over <= target_of(result.hidden) else 'missed'}"
             )
     return lines
 
@@ -338,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"SDK cost per update: medians of {args.rounds} side-by-side rounds of {args.updates} "
         f"updates, single-threaded XLA, load average {load_before[0]:.1f} -> "
-        f"{load_after[0]:.1f} on {os.cpu_count()} CPUs; target <= {TARGET:.0%}"
+        f"{load_after[0]:.1f} on {os.cpu_count()} CPUs; "
+        f"target <= {TARGET:.0%}, {WIDE_TARGET:.0%} wider"
     )
     for line in table(results):
         print(line)
@@ -355,14 +366,14 @@ def main(argv: list[str] | None = None) -> int:
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
             "packages": {name: version_of(name) for name in PACKAGES},
         },
-        "target": TARGET,
+        "target": {"hidden_128": TARGET, "wider": WIDE_TARGET},
         "models": [r.record() for r in results],
         "figures": records(
             [
                 at_most(
                     f"SDK overhead per update, hidden {r.hidden}, {v.name}",
                     r.overhead(v) * 100,
-                    TARGET * 100,
+                    target_of(r.hidden) * 100,
                     ".1f",
                     " %",
                 )
