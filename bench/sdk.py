@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 for r in results
                 for v in r.attached
-                if not v.handed
+                if not v.handed and not v.waits  # references, not targets
             ]
         ),
     }
