@@ -164,3 +164,25 @@ class TestDeferredProgress:
         assert [r["step"] for r in progress] == [1, 2, 3, 4, 5]
         unhashed = [r["step"] for r in progress if r["state_hash"] is None]
         assert unhashed == [2]
+
+    def test_a_preemption_writes_the_last_update_before_preempted(self) -> None:
+        """Stopped between updates (as SIGTERM does), the update left unfinished is written,
+        with its hash, before ``preempted`` names it."""
+        events = io.StringIO()
+
+        def preempted_at_4() -> None:
+            with attached_run(events, steps=10) as run:
+                state = {"params": np.zeros(2, np.float32)}
+                for step in run.steps(state):
+                    state = {"params": state["params"] + step}
+                    run.progress(step, state, loss=float(step))
+                    if step == 4:
+                        run.preemption.request("test")
+
+        with pytest.raises(jw.RunEnded):
+            preempted_at_4()
+        written = [(r["event"], r.get("step")) for r in records(events)]
+        progress = [r for r in records(events) if r["event"] == "progress"]
+        assert written[-2:] == [("progress", 4), ("preempted", 4)]
+        assert [r["step"] for r in progress] == [1, 2, 3, 4]
+        assert all(r["state_hash"] for r in progress)
