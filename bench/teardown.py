@@ -8,9 +8,12 @@ run lets go of those clean pages after its first update
 (`jobwarden.runtime.release_code_pages`).
 
 Each round starts both variants as whole processes of this virtualenv, in an
-order that alternates: the pinned environment, ``import jax``, one jitted update
+order that rotates: the pinned environment, ``import jax``, one jitted update
 of a 256 x 256 matrix compiled and run; then, for ``released``, the release and
-the update run again (its hot code mapped again, as a training loop's would be).
+the update run again (its hot code mapped again, as a training loop's would be);
+for ``as a spare``, the release as a warm spare makes it before it waits (the
+heap's free memory given back, the anonymous memory put in huge pages where
+whole ones fit) and the update run again.
 The bench reads the process's RSS, sends SIGKILL and times until a pidfd on it is
 readable.  Medians over rounds, and the ratio of the medians.
 
@@ -48,11 +51,14 @@ update(x).block_until_ready()
 if sys.argv[1] == "released":
     release_code_pages()
     update(x).block_until_ready()
+if sys.argv[1] == "as a spare":
+    release_code_pages(heap=True, collapse=True)
+    update(x).block_until_ready()
 sys.stdout.write("ready\\n")
 sys.stdout.flush()
 sys.stdin.read()
 """
-VARIANTS = ("as started", "released")
+VARIANTS = ("as started", "released", "as a spare")
 
 
 def one(variant: str, env: dict[str, str]) -> tuple[float, int]:
@@ -90,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes: dict[str, list[int]] = {v: [] for v in VARIANTS}
     load = [os.getloadavg()[0]]
     for number in range(args.rounds):
-        for variant in VARIANTS if number % 2 == 0 else VARIANTS[::-1]:
+        shift = number % len(VARIANTS)
+        for variant in VARIANTS[shift:] + VARIANTS[:shift]:
             seen, rss = one(variant, env)
             exits[variant].append(seen)
             sizes[variant].append(rss)
@@ -108,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             f" {statistics.median(sizes[variant]) / 2**20:5.0f} MB"
         )
     print(f"  released / as started: {ratio:.2f}")
+    print(f"  as a spare / as started: {median['as a spare'] / median['as started']:.2f}")
     figures = [
         context(f"teardown: SIGKILL -> exit seen, {name}, p50", median[name] * 1e3, ".1f", " ms")
         for name in VARIANTS

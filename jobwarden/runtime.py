@@ -162,15 +162,23 @@ def enable_compilation_cache(path: Path) -> None:
 
 
 MADV_DONTNEED = 4
+MADV_COLLAPSE = 25
+"""Linux 6.1 and later: back a range of anonymous memory with huge pages now."""
+HUGE_PAGE = 2 << 20
 RELEASED = threading.Event()
 """Set once this process has let go of its code pages (`release_code_pages`)."""
 
 
-def release_code_pages(smaps: Path = Path("/proc/self/smaps"), *, heap: bool = False) -> int:
+def release_code_pages(
+    smaps: Path = Path("/proc/self/smaps"), *, heap: bool = False, collapse: bool = False
+) -> int:
     """Unmap this process's resident pages of its libraries' code and read-only data, and
     return their bytes (0 where the system does not tell or allow it); ``heap``: also give
     the C heap's free memory back (glibc's ``malloc_trim``, which holds the allocator's
-    locks while it runs: for a process that waits, not one that trains).
+    locks while it runs: for a process that waits, not one that trains); ``collapse``:
+    then back its anonymous memory (the heaps, Python's arenas, XLA's buffers) with huge
+    pages where whole ones fit (`MADV_COLLAPSE`, about 0.1 s for 40 MB: for a spare,
+    before it waits), so that an exit frees one page where it freed 512.
 
     Why: an exit frees a process's mapped pages one by one before its parent can see
     it, and a JAX process, once it has compiled, maps about 130 MB of its libraries
@@ -194,6 +202,7 @@ def release_code_pages(smaps: Path = Path("/proc/self/smaps"), *, heap: bool = F
     madvise = libc.madvise
     madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     mappings: list[tuple[int, int, str, int]] = []  # clean ones: range, file, resident kB
+    anonymous: list[tuple[int, int]] = []  # private writable memory of no file, 2 MB or more
     code: set[str] = set()  # the files mapped executable
     candidate: tuple[int, int, str] | None = None
     resident = 0
@@ -204,14 +213,19 @@ def release_code_pages(smaps: Path = Path("/proc/self/smaps"), *, heap: bool = F
             if named and fields[1][2] == "x":
                 code.add(fields[5])
             candidate = None
+            low, high = (int(bound, 16) for bound in fields[0].split("-"))
             if named and fields[1][1] != "w" and fields[1][3] == "p":
-                low, high = (int(bound, 16) for bound in fields[0].split("-"))
                 candidate = (low, high, fields[5])
+            elif fields[1] == "rw-p" and (len(fields) == 5 or fields[5] == "[heap]"):
+                candidate = (low, high, "")
         elif candidate is not None and line.startswith("Rss:"):
             resident = int(line.split()[1])
         elif candidate is not None and line.startswith("Anonymous:"):
-            if int(line.split()[1]) == 0 and resident:
+            anonymous_kb = int(line.split()[1])
+            if candidate[2] and anonymous_kb == 0 and resident:
                 mappings.append((*candidate, resident))
+            elif not candidate[2] and anonymous_kb << 10 >= HUGE_PAGE:
+                anonymous.append(candidate[:2])
             candidate = None
     released = 0
     for low, high, path, kilobytes in mappings:
@@ -219,6 +233,10 @@ def release_code_pages(smaps: Path = Path("/proc/self/smaps"), *, heap: bool = F
             released += kilobytes << 10
     if heap and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
+    for low, high in anonymous if collapse else ():
+        start, end = -(-low // HUGE_PAGE) * HUGE_PAGE, high // HUGE_PAGE * HUGE_PAGE
+        if end > start:  # refused on an older kernel, or with huge pages off: nothing done
+            madvise(start, end - start, MADV_COLLAPSE)
     RELEASED.set()
     return released
 

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
+import pytest
+
 from jobwarden.runtime import release_code_pages
 from jobwarden.worker.command import worker_argv
 from tests.helpers import job
@@ -189,3 +191,55 @@ def test_the_built_in_worker_lets_go_before_ready(compile_cache: Path, tmp_path:
             proc.kill()
             proc.communicate(timeout=30)
     assert 0 < resident < 24 << 10, f"{resident} kB of libjax_common.so still mapped"
+
+
+def huge_pages_collapse() -> bool:
+    """Whether this kernel backs anonymous memory with huge pages on request (Linux 6.1+,
+    transparent huge pages not ``never``)."""
+    try:
+        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+    release = tuple(int(part) for part in os.uname().release.split(".")[:2])
+    return "[never]" not in mode and release >= (6, 1)
+
+
+COLLAPSING = """
+import ctypes, json, mmap
+import jax, jax.numpy as jnp
+from jobwarden.runtime import release_code_pages
+def huge_kb():
+    text = open("/proc/self/smaps_rollup").read()
+    return int(text.split("AnonHugePages:")[1].split()[0])
+block = mmap.mmap(-1, 16 << 20)  # anonymous memory of ours, written
+pattern = bytes(range(256)) * (len(block) // 256)
+block.write(pattern)
+update = jax.jit(lambda x: (x @ x.T).sum())
+x = jnp.arange(64 * 64, dtype=jnp.float32).reshape(64, 64)
+first, before = float(update(x)), huge_kb()
+release_code_pages(heap=True, collapse=True)
+print(json.dumps({"before": before, "after": huge_kb(), "same": block[:] == pattern,
+                  "first": first, "again": float(update(x))}))
+"""
+
+
+def test_a_spare_s_anonymous_memory_is_put_in_huge_pages() -> None:
+    """``collapse=True``: a real JAX process's anonymous memory (a block of ours among it)
+    is backed by huge pages, its bytes and the compiled update's bits unchanged."""
+    if not huge_pages_collapse():
+        pytest.skip(
+            "SKIPPED LOUDLY: this kernel cannot collapse anonymous memory into huge pages "
+            f"({os.uname().release}); a spare then keeps 4 KiB pages"
+        )
+    out = subprocess.run(
+        [sys.executable, "-c", COLLAPSING],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["same"]
+    assert result["first"] == result["again"]
+    assert result["after"] >= result["before"] + (14 << 10), result  # our 16 MB block, at least

@@ -130,7 +130,7 @@ class SpareWait:
     def wait(self, prepared_s: float) -> Handoff:
         """Let go of the libraries' code pages and the heap's free memory (the warmup has
         compiled), say ready, then wait for the handoff; end of input ends the process."""
-        release_code_pages(heap=True)
+        release_code_pages(heap=True, collapse=True)
         self._say(READY, prepared_s=round(prepared_s, 4))
         line = sys.stdin.readline()
         if not line:

@@ -62,5 +62,6 @@ def prepare(job: Job, compile_cache: Path | None, member: Membership | None = No
         leaves = [np.asarray(leaf) for _, leaf in state_tree.flatten(initial)]
         member.share_start(0, leaves)
         member.agree(0, "")
-    release_code_pages(heap=True)  # compiled: what a crash's exit would free, let go now
+    # compiled: what a crash's exit would free, let go now, the rest in huge pages
+    release_code_pages(heap=True, collapse=True)
     return Warm(job.task or "", job.train_fields(), data, step)
