@@ -176,9 +176,7 @@ def release_code_pages(
     return their bytes (0 where the system does not tell or allow it); ``heap``: also give
     the C heap's free memory back (glibc's ``malloc_trim``, which holds the allocator's
     locks while it runs: for a process that waits, not one that trains); ``collapse``:
-    then back its anonymous memory (the heaps, Python's arenas, XLA's buffers) with huge
-    pages where whole ones fit (`MADV_COLLAPSE`, about 0.1 s for 40 MB: for a spare,
-    before it waits), so that an exit frees one page where it freed 512.
+    then `collapse_anonymous` (for a spare, before it waits).
 
     Why: an exit frees a process's mapped pages one by one before its parent can see
     it, and a JAX process, once it has compiled, maps about 130 MB of its libraries
@@ -202,7 +200,6 @@ def release_code_pages(
     madvise = libc.madvise
     madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     mappings: list[tuple[int, int, str, int]] = []  # clean ones: range, file, resident kB
-    anonymous: list[tuple[int, int]] = []  # private writable memory of no file, 2 MB or more
     code: set[str] = set()  # the files mapped executable
     candidate: tuple[int, int, str] | None = None
     resident = 0
@@ -213,19 +210,14 @@ def release_code_pages(
             if named and fields[1][2] == "x":
                 code.add(fields[5])
             candidate = None
-            low, high = (int(bound, 16) for bound in fields[0].split("-"))
             if named and fields[1][1] != "w" and fields[1][3] == "p":
+                low, high = (int(bound, 16) for bound in fields[0].split("-"))
                 candidate = (low, high, fields[5])
-            elif fields[1] == "rw-p" and (len(fields) == 5 or fields[5] == "[heap]"):
-                candidate = (low, high, "")
         elif candidate is not None and line.startswith("Rss:"):
             resident = int(line.split()[1])
         elif candidate is not None and line.startswith("Anonymous:"):
-            anonymous_kb = int(line.split()[1])
-            if candidate[2] and anonymous_kb == 0 and resident:
+            if int(line.split()[1]) == 0 and resident:
                 mappings.append((*candidate, resident))
-            elif not candidate[2] and anonymous_kb << 10 >= HUGE_PAGE:
-                anonymous.append(candidate[:2])
             candidate = None
     released = 0
     for low, high, path, kilobytes in mappings:
@@ -233,12 +225,50 @@ def release_code_pages(
             released += kilobytes << 10
     if heap and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
-    for low, high in anonymous if collapse else ():
-        start, end = -(-low // HUGE_PAGE) * HUGE_PAGE, high // HUGE_PAGE * HUGE_PAGE
-        if end > start:  # refused on an older kernel, or with huge pages off: nothing done
-            madvise(start, end - start, MADV_COLLAPSE)
+    if collapse:
+        collapse_anonymous(smaps)
     RELEASED.set()
     return released
+
+
+def collapse_anonymous(smaps: Path = Path("/proc/self/smaps")) -> int:
+    """Back this process's anonymous memory (the heaps, Python's arenas, XLA's buffers)
+    with huge pages where whole ones fit (`MADV_COLLAPSE`, Linux 6.1 and later), and
+    return the bytes asked for (0 where the system does not tell or allow it).
+
+    Why: an exit frees one huge page where it frees 512 small ones, and a JAX worker
+    holds about 80 MB of its own (bench/teardown.py).  The kernel copies the pages
+    (about 0.1 s for 40 MB), so it is for a process that waits or compiles, not one
+    that trains; its bytes are unchanged.  Only private writable memory of no file is
+    touched, and later allocations come in small pages as before.
+    """
+    import ctypes
+
+    try:
+        lines = smaps.read_text().splitlines()
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return 0
+    madvise = libc.madvise
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    anonymous: list[tuple[int, int]] = []
+    candidate: tuple[int, int] | None = None
+    for line in lines:
+        if line and line[0] in "0123456789abcdef":  # a header: range perms offset dev inode path
+            fields = line.split(maxsplit=5)
+            candidate = None
+            if fields[1] == "rw-p" and (len(fields) == 5 or fields[5] == "[heap]"):
+                low, high = (int(bound, 16) for bound in fields[0].split("-"))
+                candidate = (-(-low // HUGE_PAGE) * HUGE_PAGE, high // HUGE_PAGE * HUGE_PAGE)
+        elif candidate is not None and line.startswith("Anonymous:"):
+            if int(line.split()[1]) << 10 >= HUGE_PAGE and candidate[1] > candidate[0]:
+                anonymous.append(candidate)
+            candidate = None
+    asked = 0
+    for start, end in anonymous:  # refused on an older kernel, or with huge pages off
+        if madvise(start, end - start, MADV_COLLAPSE) == 0:
+            asked += end - start
+    return asked
 
 
 def release_code_pages_once(*, wait: bool) -> threading.Thread | None:
