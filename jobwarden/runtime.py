@@ -15,7 +15,7 @@ import platform
 import stat
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from jobwarden.errors import UnsafeCacheError
@@ -165,6 +165,8 @@ MADV_DONTNEED = 4
 MADV_COLLAPSE = 25
 """Linux 6.1 and later: back a range of anonymous memory with huge pages now."""
 HUGE_PAGE = 2 << 20
+HUGE_PAGE_HOLES = 16
+"""small pages a huge page may lack and still be collapsed (64 KiB more memory at most)"""
 RELEASED = threading.Event()
 """Set once this process has let go of its code pages (`release_code_pages`)."""
 
@@ -231,7 +233,9 @@ def release_code_pages(
     return released
 
 
-def collapse_anonymous(smaps: Path = Path("/proc/self/smaps")) -> int:
+def collapse_anonymous(
+    smaps: Path = Path("/proc/self/smaps"), pagemap: Path = Path("/proc/self/pagemap")
+) -> int:
     """Back this process's anonymous memory (the heaps, Python's arenas, XLA's buffers)
     with huge pages where whole ones fit (`MADV_COLLAPSE`, Linux 6.1 and later), and
     return the bytes asked for (0 where the system does not tell or allow it).
@@ -240,7 +244,8 @@ def collapse_anonymous(smaps: Path = Path("/proc/self/smaps")) -> int:
     holds about 80 MB of its own (bench/teardown.py).  The kernel copies the pages
     (about 0.1 s for 40 MB), so it is for a process that waits or compiles, not one
     that trains; its bytes are unchanged.  Only private writable memory of no file is
-    touched, and later allocations come in small pages as before.
+    touched, only where nearly every small page is present (a collapse fills the holes),
+    and later allocations come in small pages as before.
     """
     import ctypes
 
@@ -265,10 +270,42 @@ def collapse_anonymous(smaps: Path = Path("/proc/self/smaps")) -> int:
                 anonymous.append(candidate)
             candidate = None
     asked = 0
-    for start, end in anonymous:  # refused on an older kernel, or with huge pages off
-        if madvise(start, end - start, MADV_COLLAPSE) == 0:
+    for start, end in _mostly_resident(anonymous, pagemap):
+        if madvise(start, end - start, MADV_COLLAPSE) == 0:  # refused: an older kernel
             asked += end - start
     return asked
+
+
+def _mostly_resident(ranges: list[tuple[int, int]], pagemap: Path) -> Iterator[tuple[int, int]]:
+    """Of the huge-page-aligned ``ranges``, the runs of huge pages whose small pages are
+    nearly all present (`HUGE_PAGE_HOLES` missing at most): a collapse fills every hole,
+    and a sparse range (a heap with freed memory given back) would grow by its holes."""
+    import numpy as np
+
+    try:
+        fd = os.open(pagemap, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    page = os.sysconf("SC_PAGE_SIZE")
+    per_huge = HUGE_PAGE // page
+    try:
+        for start, end in ranges:
+            run = None
+            for address in range(start, end, HUGE_PAGE):
+                entries = os.pread(fd, per_huge * 8, address // page * 8)
+                present = np.frombuffer(entries, np.uint64) >> np.uint64(63)
+                if len(present) == per_huge and per_huge - int(present.sum()) <= HUGE_PAGE_HOLES:
+                    run = (run[0] if run else address, address + HUGE_PAGE)
+                    continue
+                if run:
+                    yield run
+                run = None
+            if run:
+                yield run
+    except OSError:
+        return
+    finally:
+        os.close(fd)
 
 
 def release_code_pages_once(*, wait: bool) -> threading.Thread | None:
