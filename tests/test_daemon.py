@@ -217,11 +217,13 @@ def test_bad_requests_are_rejected_with_their_errors_while_good_jobs_complete(
             "dup.toml": "duplicate job id 'good'",
         }
     )
+    # The daemon writes a request's error file, then moves the request beside it
+    # (crash-safe: it is in the spool, or rejected with its error): wait for both.
     wait_until(
-        lambda: sorted(p.name for p in rejected.glob("*.error.json")),
-        lambda errors: len(errors) >= len(expected),
+        lambda: [n for n in expected if not os.path.lexists(rejected / n)],
+        lambda missing: len(list(rejected.glob("*.error.json"))) >= len(expected) and not missing,
         timeout=10,
-        what=f"{len(expected)} error files in {rejected}",
+        what=f"{len(expected)} requests and their error files in {rejected}",
     )
     for name, needle in expected.items():
         error = json.loads((rejected / f"{name}.error.json").read_text())
