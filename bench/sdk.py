@@ -280,7 +280,7 @@ def bench_model(model: Any, hidden: int, rounds: int, updates: int, events: Path
         hashes.append(hash_alone(trainer, start, updates // 4))
     size = sum(array.nbytes for _, array in leaves)
     attached_ = [v for v in variants if v.hash_every is not None]
-    bare_waits = variants[-2]
+    bare_waits = next(v for v in variants if v.hash_every is None and v.waits)
     return ModelResult(hidden, size, len(leaves), variants[0], attached_, bare_waits, hashes)
 
 

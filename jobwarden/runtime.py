@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from jobwarden.errors import UnsafeCacheError
 
@@ -171,6 +172,20 @@ RELEASED = threading.Event()
 """Set once this process has let go of its code pages (`release_code_pages`)."""
 
 
+def _smaps_and_libc(smaps: Path) -> tuple[list[str], Any] | None:
+    """The lines of ``smaps`` and the C library, its ``madvise`` typed; None where either
+    cannot be had."""
+    import ctypes
+
+    try:
+        lines = smaps.read_text().splitlines()
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return lines, libc
+
+
 def release_code_pages(
     smaps: Path = Path("/proc/self/smaps"), *, heap: bool = False, collapse: bool = False
 ) -> int:
@@ -192,15 +207,11 @@ def release_code_pages(
     page of its own (a copy-on-write copy, such as relocated data, would be lost).  Its
     pages stay in the page cache, and the code that still runs maps them again.
     """
-    import ctypes
-
-    try:
-        lines = smaps.read_text().splitlines()
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
+    opened = _smaps_and_libc(smaps)
+    if opened is None:
         return 0
+    lines, libc = opened
     madvise = libc.madvise
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     mappings: list[tuple[int, int, str, int]] = []  # clean ones: range, file, resident kB
     code: set[str] = set()  # the files mapped executable
     candidate: tuple[int, int, str] | None = None
@@ -247,15 +258,11 @@ def collapse_anonymous(
     touched, only where nearly every small page is present (a collapse fills the holes),
     and later allocations come in small pages as before.
     """
-    import ctypes
-
-    try:
-        lines = smaps.read_text().splitlines()
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
+    opened = _smaps_and_libc(smaps)
+    if opened is None:
         return 0
+    lines, libc = opened
     madvise = libc.madvise
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     anonymous: list[tuple[int, int]] = []
     candidate: tuple[int, int] | None = None
     for line in lines:

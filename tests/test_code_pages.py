@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
 import pytest
 
@@ -133,6 +133,28 @@ def test_a_missing_smaps_releases_nothing(tmp_path: Path) -> None:
     assert release_code_pages(tmp_path / "absent") == 0
 
 
+def program_result(code: str) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter (JAX on the CPU); the JSON of its last line."""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    return cast(dict[str, Any], json.loads(out.stdout.splitlines()[-1]))
+
+
+def skip_unless_huge_pages() -> None:
+    """Skip, loudly, where this kernel cannot collapse anonymous memory into huge pages."""
+    if not huge_pages_collapse():
+        pytest.skip(
+            "SKIPPED LOUDLY: this kernel cannot collapse anonymous memory into huge pages "
+            f"({os.uname().release}); a spare then keeps 4 KiB pages"
+        )
+
+
 PROGRAM = """
 import json, os, sys
 import jax, jax.numpy as jnp
@@ -155,15 +177,7 @@ print(json.dumps({"before": before, "after": after, "twice": twice is None,
 def test_a_jax_process_runs_on_after_the_release() -> None:
     """A real JAX process: most of its resident memory was its libraries' code, and the
     update compiled before the release still gives the same bits after it."""
-    out = subprocess.run(
-        [sys.executable, "-c", PROGRAM],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-    )
-    result = json.loads(out.stdout.splitlines()[-1])
+    result = program_result(PROGRAM)
     assert result["first"] == result["again"]
     assert result["after"] < result["before"] - (40 << 20), result
     assert result["twice"]  # once per process
@@ -204,10 +218,7 @@ def huge_pages_collapse() -> bool:
     return "[never]" not in mode and release >= (6, 1)
 
 
-COLLAPSING = """
-import ctypes, json, mmap
-import jax, jax.numpy as jnp
-from jobwarden.runtime import release_code_pages
+HUGE_KB = """
 def huge_kb(address):
     found = None
     for line in open("/proc/self/smaps").read().splitlines():
@@ -216,6 +227,15 @@ def huge_kb(address):
             found = low <= address < high
         elif found and line.startswith("AnonHugePages:"):
             return int(line.split()[1])
+"""
+"""A helper of the programs below: the huge pages' kB of the mapping holding ``address``."""
+
+COLLAPSING = (
+    HUGE_KB
+    + """
+import ctypes, json, mmap
+import jax, jax.numpy as jnp
+from jobwarden.runtime import release_code_pages
 block = mmap.mmap(-1, 16 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # ours
 address = ctypes.addressof(ctypes.c_char.from_buffer(block))
 pattern = bytes(range(256)) * (len(block) // 256)
@@ -227,31 +247,22 @@ release_code_pages(heap=True, collapse=True)
 print(json.dumps({"before": before, "after": huge_kb(address), "same": block[:] == pattern,
                   "first": first, "again": float(update(x))}))
 """
+)
 
 
 def test_a_spare_s_anonymous_memory_is_put_in_huge_pages() -> None:
     """``collapse=True``: a real JAX process's anonymous memory (a block of ours among it)
     is backed by huge pages, its bytes and the compiled update's bits unchanged."""
-    if not huge_pages_collapse():
-        pytest.skip(
-            "SKIPPED LOUDLY: this kernel cannot collapse anonymous memory into huge pages "
-            f"({os.uname().release}); a spare then keeps 4 KiB pages"
-        )
-    out = subprocess.run(
-        [sys.executable, "-c", COLLAPSING],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-    )
-    result = json.loads(out.stdout.splitlines()[-1])
+    skip_unless_huge_pages()
+    result = program_result(COLLAPSING)
     assert result["same"]
     assert result["first"] == result["again"]
     assert result["after"] >= result["before"] + (14 << 10), result  # 7 whole huge pages
 
 
-HOLES = """
+HOLES = (
+    HUGE_KB
+    + """
 import ctypes, json, mmap, os
 from jobwarden.runtime import HUGE_PAGE, collapse_anonymous
 libc = ctypes.CDLL(None)
@@ -268,14 +279,6 @@ def present(start):
         pagemap.seek(start // mmap.PAGESIZE * 8)
         entries = pagemap.read(HUGE_PAGE // mmap.PAGESIZE * 8)
     return sum(entries[i + 7] >> 7 for i in range(0, len(entries), 8))
-def huge_kb(start):
-    lines, found = open("/proc/self/smaps").read().splitlines(), None
-    for line in lines:
-        if line[0] in "0123456789abcdef":
-            low, high = (int(b, 16) for b in line.split()[0].split("-"))
-            found = low <= start < high
-        elif found and line.startswith("AnonHugePages:"):
-            return int(line.split()[1])
 full, full_start = block()
 sparse, sparse_start = block()
 libc.madvise(sparse_start, HUGE_PAGE // 2, 4)  # MADV_DONTNEED: half of that huge page
@@ -283,19 +286,13 @@ collapse_anonymous()
 print(json.dumps({"full": huge_kb(full_start), "sparse_present": present(sparse_start),
                   "pages": HUGE_PAGE // mmap.PAGESIZE}))
 """
+)
 
 
 def test_memory_with_holes_is_not_collapsed() -> None:
     """A huge page's worth of memory half given back stays as it is (a collapse would fill
     the holes); one fully written becomes a huge page."""
-    if not huge_pages_collapse():
-        pytest.skip(
-            "SKIPPED LOUDLY: this kernel cannot collapse anonymous memory into huge pages "
-            f"({os.uname().release})"
-        )
-    out = subprocess.run(
-        [sys.executable, "-c", HOLES], capture_output=True, text=True, timeout=60, check=True
-    )
-    result = json.loads(out.stdout.splitlines()[-1])
+    skip_unless_huge_pages()
+    result = program_result(HOLES)
     assert result["full"] >= 2048, result
     assert result["sparse_present"] == result["pages"] // 2, result

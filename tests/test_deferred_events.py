@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import io
-import json
 import time
 from typing import Any
 
@@ -15,26 +14,7 @@ import jobwarden.sdk as jw
 from jobwarden import statetree
 from jobwarden.hashing import state_hash
 from jobwarden.sdk.stream import HOLD_S, RunEmitter
-
-
-def records(stream: io.StringIO) -> list[dict[str, Any]]:
-    """Every line written to ``stream`` so far, as JSON."""
-    return [json.loads(line) for line in stream.getvalue().splitlines()]
-
-
-def attached_run(events: io.StringIO, steps: int, hash_every: int = 1) -> Any:
-    """A toy run with external checkpoints writing to ``events``."""
-    return jw.attach(
-        config={"lr": 0.1},
-        data_hash="none",
-        name="toy",
-        steps=steps,
-        hash_every=hash_every,
-        checkpoints="external",
-        events=events,
-        argv=[],
-        environ={},
-    )
+from tests.test_background_hash import attached_run, records
 
 
 class TestEmitNext:
@@ -117,7 +97,7 @@ class TestDeferredProgress:
                 taken_at[self.step] = current[0]
                 return self.step / 2
 
-        with attached_run(events, steps=6) as run:
+        with attached_run(events, steps=6, hash_every=1) as run:
             state = {"params": np.zeros(3, np.float32)}
             for step in run.steps(state):
                 state = {"params": state["params"] + step}
@@ -136,7 +116,7 @@ class TestDeferredProgress:
     def test_a_slow_loop_reports_each_update_at_once(self) -> None:
         """Reports further apart than HOLD_S: no event waits for the next update."""
         events = io.StringIO()
-        with attached_run(events, steps=3) as run:
+        with attached_run(events, steps=3, hash_every=1) as run:
             state = {"params": np.zeros(2, np.float32)}
             written = []
             for step in run.steps(state):
@@ -155,7 +135,7 @@ class TestDeferredProgress:
 
         update = jax.jit(lambda state: {"w": state["w"] + 1.0}, donate_argnums=0)
         events = io.StringIO()
-        with attached_run(events, steps=5) as run:
+        with attached_run(events, steps=5, hash_every=1) as run:
             state = {"w": jnp.zeros(1024)}
             for step in run.steps(state):
                 state = update(state)
@@ -171,7 +151,7 @@ class TestDeferredProgress:
         events = io.StringIO()
 
         def preempted_at_4() -> None:
-            with attached_run(events, steps=10) as run:
+            with attached_run(events, steps=10, hash_every=1) as run:
                 state = {"params": np.zeros(2, np.float32)}
                 for step in run.steps(state):
                     state = {"params": state["params"] + step}
