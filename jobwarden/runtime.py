@@ -3,8 +3,11 @@ and what makes it quick.
 
 XLA's CPU backend can return different bits for the same compiled module when
 it runs intra-op work on several threads (jax-ml/jax#39741), so the worker
-pins single-threaded execution.  The pinned flags are part of the runtime
-identity written into every checkpoint.
+pins single-threaded execution.  Its CPU client also sizes its own thread pools
+to the CPUs the process may use, and some reductions are split by that size
+whatever the intra-op threads: the pool is pinned to one thread (``NPROC``, which
+the client reads), so the bits do not depend on the machine's CPUs.  The pinned
+flags and pool size are part of the runtime identity written into every checkpoint.
 """
 
 from __future__ import annotations
@@ -29,8 +32,11 @@ PINNED_ENV = {
     "OMP_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
+    "NPROC": "1",
 }
-THREAD_ENV = frozenset({"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"})
+"""``NPROC`` sizes XLA's CPU client thread pools (else the CPUs the process may use): a
+column sum of a 1,024 x 1,024 array gives other bits with one than with two or more."""
+THREAD_ENV = frozenset({"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NPROC"})
 
 
 def pin_environment(environ: dict[str, str] | None = None, *, exact: bool = True) -> str:
@@ -88,12 +94,12 @@ def pin_before_start(*, exact: bool = True) -> str | None:
     if not exact:
         return None
     flags = os.environ.get("XLA_FLAGS", "").split()
-    if all(flag in flags for flag in PINNED_XLA_FLAGS):
+    if all(flag in flags for flag in PINNED_XLA_FLAGS) and os.environ.get("NPROC") == "1":
         return None
     return (
         "jobwarden: JAX started before the single-threaded CPU pins were set; replay may not "
         "be bit-exact (attach before the first JAX computation, or set "
-        f"XLA_FLAGS='{' '.join(PINNED_XLA_FLAGS)}')"
+        f"XLA_FLAGS='{' '.join(PINNED_XLA_FLAGS)}' NPROC=1)"
     )
 
 
@@ -111,6 +117,7 @@ def runtime_identity() -> dict[str, str]:
         "backend": jax.default_backend(),
         "machine": platform.machine(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "nproc": os.environ.get("NPROC", ""),
         "x64": str(jax_setting("jax_enable_x64")).lower(),
         "prng_impl": str(jax_setting("jax_default_prng_impl")),
     }
