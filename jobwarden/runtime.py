@@ -4,10 +4,11 @@ and what makes it quick.
 XLA's CPU backend can return different bits for the same compiled module when
 it runs intra-op work on several threads (jax-ml/jax#39741), so the worker
 pins single-threaded execution.  Its CPU client also sizes its own thread pools
-to the CPUs the process may use, and some reductions are split by that size
-whatever the intra-op threads: the pool is pinned to one thread (``NPROC``, which
-the client reads), so the bits do not depend on the machine's CPUs.  The pinned
-flags and pool size are part of the runtime identity written into every checkpoint.
+to the CPUs the process may use, and computes some reductions otherwise with a
+pool of one thread than with two or more, whatever the intra-op threads: the
+pool is pinned to two threads (``NPROC``, which the client reads), so that a
+process allowed one CPU gets the bits of one allowed many.  The pinned flags
+are part of the runtime identity written into every checkpoint.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ PINNED_ENV = {
     "OMP_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
-    "NPROC": "1",
+    "NPROC": "2",
 }
-"""``NPROC`` sizes XLA's CPU client thread pools (else the CPUs the process may use): a
-column sum of a 1,024 x 1,024 array gives other bits with one than with two or more."""
+"""``NPROC`` sizes XLA's CPU client thread pools (else the CPUs the process may use): the
+column sums of a 1,024 x 1,024 array come out with other bits with a pool of one thread
+than with two or more (the same for 2 to 64, on one CPU or on two)."""
 THREAD_ENV = frozenset({"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NPROC"})
 
 
@@ -94,22 +96,34 @@ def pin_before_start(*, exact: bool = True) -> str | None:
     if not exact:
         return None
     flags = os.environ.get("XLA_FLAGS", "").split()
-    if all(flag in flags for flag in PINNED_XLA_FLAGS) and os.environ.get("NPROC") == "1":
+    if all(flag in flags for flag in PINNED_XLA_FLAGS) and not pool_of_one():
         return None
     return (
         "jobwarden: JAX started before the single-threaded CPU pins were set; replay may not "
         "be bit-exact (attach before the first JAX computation, or set "
-        f"XLA_FLAGS='{' '.join(PINNED_XLA_FLAGS)}' NPROC=1)"
+        f"XLA_FLAGS='{' '.join(PINNED_XLA_FLAGS)}' NPROC=2)"
     )
 
 
+def pool_of_one() -> bool:
+    """Whether XLA's CPU client sizes its pools to one thread (``NPROC``, else the CPUs this
+    process may use): its bits then differ from the pinned pool's."""
+    nproc = os.environ.get("NPROC", "")
+    return nproc == "1" if nproc else len(os.sched_getaffinity(0)) == 1
+
+
 def runtime_identity() -> dict[str, str]:
-    """Versions and settings that decide the bits of a replay."""
+    """Versions and settings that decide the bits of a replay.
+
+    ``nproc`` (XLA's CPU client pool size) is recorded only when it is set to other than the
+    pinned two: a checkpoint written before the pool was pinned records none, and had a
+    pool of its machine's CPUs, two or more, which gives the pinned pool's bits.
+    """
     from importlib.metadata import version
 
     import jax
 
-    return {
+    identity = {
         "python": platform.python_version(),
         "jax": jax.__version__,
         "jaxlib": version("jaxlib"),
@@ -117,10 +131,12 @@ def runtime_identity() -> dict[str, str]:
         "backend": jax.default_backend(),
         "machine": platform.machine(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "nproc": os.environ.get("NPROC", ""),
         "x64": str(jax_setting("jax_enable_x64")).lower(),
         "prng_impl": str(jax_setting("jax_default_prng_impl")),
     }
+    if os.environ.get("NPROC", PINNED_ENV["NPROC"]) != PINNED_ENV["NPROC"]:
+        identity["nproc"] = os.environ["NPROC"]
+    return identity
 
 
 def jax_setting(name: str) -> object:

@@ -1,10 +1,10 @@
 """The pinned runtime's bits do not depend on how many CPUs the process may use.
 
 XLA's CPU client sizes its thread pools to the CPUs a process may use (``NPROC``
-overrides it), and splits some reductions by that size even with one intra-op
-thread: without the pinned pool, a column sum gives other bits in a process
-allowed one CPU than in one allowed two.  Real JAX processes, each started
-fresh (the pool is sized as JAX starts).
+overrides it), and computes some reductions otherwise with a pool of one thread
+than with more, even with one intra-op thread: without the pinned pool, a column
+sum gives other bits in a process allowed one CPU than in one allowed two.  Real
+JAX processes, each started fresh (the pool is sized as JAX starts).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from jobwarden.runtime import PINNED_ENV, PINNED_XLA_FLAGS
+from jobwarden.runtime import PINNED_ENV, PINNED_XLA_FLAGS, pool_of_one, runtime_identity
 
 PROGRAM = textwrap.dedent(
     """
@@ -38,11 +38,13 @@ PROGRAM = textwrap.dedent(
 )
 
 
-def pinned_env(*, pool: bool) -> dict[str, str]:
-    """This environment with the pins, with or without the pinned pool size."""
+def pinned_env(nproc: str | None = PINNED_ENV["NPROC"]) -> dict[str, str]:
+    """This environment with the pins, the pool's size ``nproc`` (None: not set)."""
     env = {name: value for name, value in os.environ.items() if name != "NPROC"}
-    env.update({name: value for name, value in PINNED_ENV.items() if pool or name != "NPROC"})
+    env.update({name: value for name, value in PINNED_ENV.items() if name != "NPROC"})
     env["XLA_FLAGS"] = " ".join(PINNED_XLA_FLAGS)
+    if nproc is not None:
+        env["NPROC"] = nproc
     return env
 
 
@@ -72,14 +74,36 @@ def test_the_pinned_bits_are_the_same_on_one_cpu_and_on_two() -> None:
         pytest.skip("SKIPPED LOUDLY: this process may use one CPU only; the test compares 1 and 2")
     found = run_all(
         {
-            "one cpu": (pinned_env(pool=True), cpus[:1]),
-            "two cpus": (pinned_env(pool=True), cpus[:2]),
-            "two cpus, pool unpinned": (pinned_env(pool=False), cpus[:2]),
+            "pinned, one cpu": (pinned_env(), cpus[:1]),
+            "pinned, two cpus": (pinned_env(), cpus[:2]),
+            "unpinned, one cpu": (pinned_env(None), cpus[:1]),
+            "unpinned, two cpus": (pinned_env(None), cpus[:2]),
+            "a pool of one, two cpus": (pinned_env("1"), cpus[:2]),
         }
     )
-    assert found["one cpu"]["bits"] == found["two cpus"]["bits"]
-    assert found["two cpus"]["pool"] == 1
-    # Without the pinned pool the client has a thread per CPU, and other bits: the
-    # hazard the pin removes is real on this runtime.
-    assert found["two cpus, pool unpinned"]["pool"] == 2
-    assert found["two cpus, pool unpinned"]["bits"] != found["one cpu"]["bits"]
+    assert found["pinned, one cpu"]["pool"] == found["pinned, two cpus"]["pool"] == 2
+    assert found["pinned, one cpu"]["bits"] == found["pinned, two cpus"]["bits"]
+    # Before the pin, a process allowed two CPUs had the pinned bits ...
+    assert found["unpinned, two cpus"]["pool"] == 2
+    assert found["unpinned, two cpus"]["bits"] == found["pinned, two cpus"]["bits"]
+    # ... and one allowed one CPU had a pool of one and other bits, as a pool of one has
+    # anywhere: the hazard the pin removes is real on this runtime.
+    assert found["unpinned, one cpu"]["pool"] == found["a pool of one, two cpus"]["pool"] == 1
+    assert found["unpinned, one cpu"]["bits"] != found["pinned, one cpu"]["bits"]
+    assert found["a pool of one, two cpus"]["bits"] == found["unpinned, one cpu"]["bits"]
+
+
+def test_a_pool_other_than_the_pinned_one_is_in_the_runtime_identity(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pinned pool records nothing (as checkpoints written before the pin); another
+    size is recorded, so a checkpoint is resumed only under its own."""
+    monkeypatch.setenv("NPROC", PINNED_ENV["NPROC"])
+    assert "nproc" not in runtime_identity()
+    assert not pool_of_one()
+    monkeypatch.setenv("NPROC", "1")
+    assert runtime_identity()["nproc"] == "1"
+    assert pool_of_one()
+    monkeypatch.delenv("NPROC")
+    assert "nproc" not in runtime_identity()
+    assert pool_of_one() == (len(os.sched_getaffinity(0)) == 1)

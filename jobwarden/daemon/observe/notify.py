@@ -89,6 +89,7 @@ WORKER_ENV = frozenset(
         "OMP_NUM_THREADS",
         "OPENBLAS_NUM_THREADS",
         "MKL_NUM_THREADS",
+        "NPROC",
         "TF_CPP_MIN_LOG_LEVEL",
         "JOBWARDEN_TEST_FAULT",
         "JOBWARDEN_COMPILE_CACHE",
