@@ -5,6 +5,9 @@ jobwarden pins XLA's CPU backend to one thread for bit-exact replay
 per second of:
 
 * ``pinned``: one process, XLA pinned to one thread (what an attached run gets);
+* ``pinned, pool of 1``: the same with XLA's CPU client pool at one thread
+  (``NPROC=1``) instead of the pinned two: exact too, with other bits, faster
+  for short updates and slower for larger reductions (docs/worker.md);
 * ``free``: one process with XLA's default threads (``--threads T`` sets
   ``intra_op_parallelism_threads=T`` instead), which is not exact;
 * ``ops 1 thread, T pool``: each op single-threaded (``--xla_cpu_multi_thread_eigen=false``)
@@ -52,12 +55,15 @@ from typing import Any
 from figures import context, records
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+POOL_OF_ONE = "pinned, pool of 1"
 
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """One configuration in this process: median update time and distinct repeat results."""
     from jobwarden.runtime import pin_environment
 
+    if spec.get("nproc"):
+        os.environ["NPROC"] = spec["nproc"]  # kept by the pins
     if spec["threads"] == "pinned":
         pin_environment()
     else:
@@ -108,7 +114,7 @@ def workload(spec: dict[str, Any]) -> tuple[Any, Any]:
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
     """`child` in a fresh interpreter (XLA's flags are read once, as JAX starts)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "NPROC")}
     done = subprocess.run(
         [sys.executable, __file__, "--child", json.dumps(spec)],
         capture_output=True,
@@ -192,7 +198,7 @@ def main() -> int:
     n = args.processes
     base = Path(tempfile.mkdtemp(prefix="jobwarden-bench-threads-"))
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
-    configs = [(w, s, c) for w, s in loads for c in ("pinned", free, split)]
+    configs = [(w, s, c) for w, s in loads for c in ("pinned", POOL_OF_ONE, free, split)]
     configs += [("mlp", args.width, "worker, 1 process"), ("mlp", args.width, f"{n} members")]
     for number in range(args.rounds):
         shift = number % len(configs)
@@ -210,7 +216,8 @@ def main() -> int:
                     "workload": workload_name,
                     "size": size,
                     "batch": args.batch,
-                    "threads": "pinned" if config == "pinned" else "free",
+                    "threads": "pinned" if config.startswith("pinned") else "free",
+                    "nproc": "1" if config == POOL_OF_ONE else None,
                     "flags": flags.get(config, ""),
                     "updates": args.updates,
                     "repeats": args.repeats,
