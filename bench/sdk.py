@@ -347,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
     print(
         f"SDK cost per update: medians of {args.rounds} side-by-side rounds of {args.updates} "
-        f"updates, single-threaded XLA, load average {load_before[0]:.1f} -> "
+        f"updates, single-threaded XLA (pool of {os.environ.get('NPROC')}), load average "
+        f"{load_before[0]:.1f} -> "
         f"{load_after[0]:.1f} on {os.cpu_count()} CPUs; "
         f"target <= {TARGET:.0%}, {WIDE_TARGET:.0%} wider"
     )
@@ -364,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_average": {"before": load_before, "after": load_after},
             "jax_backend": jax.default_backend(),
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "nproc": os.environ.get("NPROC"),
             "packages": {name: version_of(name) for name in PACKAGES},
         },
         "target": {"hidden_128": TARGET, "wider": WIDE_TARGET},
