@@ -1,10 +1,12 @@
 """The pinned runtime's bits do not depend on how many CPUs the process may use.
 
 XLA's CPU client sizes its thread pools to the CPUs a process may use (``NPROC``
-overrides it), and computes some reductions otherwise with a pool of one thread
-than with more, even with one intra-op thread: without the pinned pool, a column
-sum gives other bits in a process allowed one CPU than in one allowed two.  Real
-JAX processes, each started fresh (the pool is sized as JAX starts).
+overrides it), and shares some reductions among the pool's threads in parts that
+depend on its size, even with one intra-op thread: without the pinned pool, a
+column sum gives other bits in a process allowed one CPU than in one allowed two,
+and a long contraction other bits with a pool of eight (a machine of eight CPUs)
+than with two.  Real JAX processes, each started fresh (the pool is sized as JAX
+starts).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import textwrap
 
 import pytest
 
-from jobwarden.runtime import PINNED_ENV, PINNED_XLA_FLAGS, pool_of_one, runtime_identity
+from jobwarden.runtime import PINNED_ENV, PINNED_XLA_FLAGS, runtime_identity
 
 PROGRAM = textwrap.dedent(
     """
@@ -28,11 +30,14 @@ PROGRAM = textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np, xxhash
     x = jax.random.normal(jax.random.key(0), (1024, 1024))
     column_sums = np.asarray(jax.jit(lambda a: a.sum(axis=0))(x))
+    tall, wide = jax.random.normal(jax.random.key(1), (8192, 64)), jnp.ones((64, 256))
+    contraction = np.asarray(jax.jit(lambda a, b: a.T @ (a @ b))(tall, wide))
     pool = [
         name for name in os.listdir("/proc/self/task")
         if open(f"/proc/self/task/{name}/comm").read().strip() == "tf_XLAEigen"
     ]
     print(json.dumps({"bits": xxhash.xxh3_64(column_sums.tobytes()).hexdigest(),
+                      "long": xxhash.xxh3_64(contraction.tobytes()).hexdigest(),
                       "pool": len(pool)}))
     """
 )
@@ -79,10 +84,12 @@ def test_the_pinned_bits_are_the_same_on_one_cpu_and_on_two() -> None:
             "unpinned, one cpu": (pinned_env(None), cpus[:1]),
             "unpinned, two cpus": (pinned_env(None), cpus[:2]),
             "a pool of one, two cpus": (pinned_env("1"), cpus[:2]),
+            "a pool of eight, two cpus": (pinned_env("8"), cpus[:2]),
         }
     )
     assert found["pinned, one cpu"]["pool"] == found["pinned, two cpus"]["pool"] == 2
-    assert found["pinned, one cpu"]["bits"] == found["pinned, two cpus"]["bits"]
+    for bits in ("bits", "long"):
+        assert found["pinned, one cpu"][bits] == found["pinned, two cpus"][bits]
     # Before the pin, a process allowed two CPUs had the pinned bits ...
     assert found["unpinned, two cpus"]["pool"] == 2
     assert found["unpinned, two cpus"]["bits"] == found["pinned, two cpus"]["bits"]
@@ -91,19 +98,20 @@ def test_the_pinned_bits_are_the_same_on_one_cpu_and_on_two() -> None:
     assert found["unpinned, one cpu"]["pool"] == found["a pool of one, two cpus"]["pool"] == 1
     assert found["unpinned, one cpu"]["bits"] != found["pinned, one cpu"]["bits"]
     assert found["a pool of one, two cpus"]["bits"] == found["unpinned, one cpu"]["bits"]
+    # A machine of eight CPUs had a pool of eight, and other bits of a long contraction.
+    assert found["a pool of eight, two cpus"]["pool"] == 8
+    assert found["a pool of eight, two cpus"]["long"] != found["pinned, two cpus"]["long"]
 
 
-def test_a_pool_other_than_the_pinned_one_is_in_the_runtime_identity(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The pinned pool records nothing (as checkpoints written before the pin); another
-    size is recorded, so a checkpoint is resumed only under its own."""
+def test_the_pool_is_in_the_runtime_identity_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pinned pool and any other are recorded, so a checkpoint is resumed only under its
+    own; unset (a run that gave up exactness, or one before the pin) or set empty (to
+    resume such a checkpoint) records none."""
     monkeypatch.setenv("NPROC", PINNED_ENV["NPROC"])
-    assert "nproc" not in runtime_identity()
-    assert not pool_of_one()
+    assert runtime_identity()["nproc"] == "2"
     monkeypatch.setenv("NPROC", "1")
     assert runtime_identity()["nproc"] == "1"
-    assert pool_of_one()
+    monkeypatch.setenv("NPROC", "")
+    assert "nproc" not in runtime_identity()
     monkeypatch.delenv("NPROC")
     assert "nproc" not in runtime_identity()
-    assert pool_of_one() == (len(os.sched_getaffinity(0)) == 1)
