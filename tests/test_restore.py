@@ -181,6 +181,39 @@ def test_runtime_change_is_refused_naming_the_field(
     assert resumed.exit_status == 27
 
 
+def test_a_checkpoint_from_before_the_pinned_pool_is_refused_and_resumes_with_nproc_empty(
+    reference: AttemptResult,
+    worker: Runner,
+    tmp_path: Path,
+    ck: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A runtime without ``nproc`` (written before XLA's CPU pool was pinned) is refused,
+    the message saying how to resume it; with ``NPROC`` set empty it resumes, exactly."""
+    path = ck / file_name(4)
+    checkpoint = format.read(path)
+    runtime = dict(checkpoint.manifest.provenance.runtime)
+    assert runtime.pop("nproc") == "2"
+    import dataclasses
+
+    from jobwarden import files
+
+    manifest = dataclasses.replace(
+        checkpoint.manifest,
+        provenance=dataclasses.replace(checkpoint.manifest.provenance, runtime=runtime),
+    )
+    files.commit(path, format.encode(manifest, checkpoint.leaves()))
+    refused = resume(worker, tmp_path, ck)
+    failed = kinds(refused, "failed")[0]
+    assert (failed["code"], failed["fields"]["nproc"]) == ("checkpoint.runtime", [None, "2"])
+    assert "NPROC set empty" in failed["message"]
+    monkeypatch.setenv("NPROC", "")
+    resumed = resume(worker, tmp_path, ck)
+    assert resumed.exit_status == 0
+    assert kinds(resumed, "restored")[0]["step"] == 4
+    assert continues_exactly(reference, resumed)
+
+
 def test_weights_only_restore_passes_validation_but_verify_names_opt_state(
     reference: AttemptResult, worker: Runner, tmp_path: Path, ck: Path
 ) -> None:
