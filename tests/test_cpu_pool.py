@@ -13,13 +13,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+from jobwarden.proof import verify
 from jobwarden.runtime import PINNED_ENV, PINNED_XLA_FLAGS, runtime_identity
+from jobwarden.worker.command import worker_argv
+from tests.helpers import AttemptResult, job, kinds
 
 PROGRAM = textwrap.dedent(
     """
@@ -115,3 +121,45 @@ def test_the_pool_is_in_the_runtime_identity_when_set(monkeypatch: pytest.Monkey
     assert "nproc" not in runtime_identity()
     monkeypatch.delenv("NPROC")
     assert "nproc" not in runtime_identity()
+
+
+def run_on(cpus: set[int], job_file: Path, checkpoints: Path, folder: Path) -> AttemptResult:
+    """The worker run to its end on ``job_file``, allowed only ``cpus`` (set by a small
+    program that then becomes the worker: this process runs JAX, and must not fork)."""
+    folder.mkdir(parents=True)
+    narrow = "import os, sys; os.sched_setaffinity(0, %r); os.execv(sys.argv[1], sys.argv[1:])"
+    argv = [sys.executable, "-c", narrow % sorted(cpus), *worker_argv(job_file, checkpoints)]
+    with (folder / "events.jsonl").open("wb") as out, (folder / "stderr.log").open("wb") as err:
+        status = subprocess.run(argv, stdout=out, stderr=err, timeout=300, check=False).returncode
+    return AttemptResult(folder, status)
+
+
+def test_a_job_checkpointed_on_two_cpus_resumes_exactly_on_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mlp task (wide enough that a pool of one would give other bits) crashes on two
+    CPUs and resumes on one: the replay equals the uninterrupted run's.  Without the pin
+    (``NPROC`` empty) the same resume is refused, its runtime naming the pool."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("SKIPPED LOUDLY: this process may use one CPU only; the test compares 1 and 2")
+    two, one = set(cpus[:2]), {cpus[0]}
+    train = {"width": 256, "batch_size": 1024, "examples": 1024}
+    run = {"steps": 8, "checkpoint_every": 4}
+    spec = job(tmp_path / "mlp.toml", "pool", "mlp", train=train, run=run)
+    crash = job(tmp_path / "crash.toml", "pool", "mlp", train=train, run=run,
+                faults={"crash_after": 6})  # fmt: skip
+    reference = run_on(two, spec, tmp_path / "reference", tmp_path / "runs/reference")
+    assert reference.exit_status == 0
+    crashed = run_on(two, crash, tmp_path / "ck", tmp_path / "runs/crashed")
+    assert crashed.exit_status == -signal.SIGKILL
+    shutil.copytree(tmp_path / "ck", tmp_path / "ck-unpinned")
+    resumed = run_on(one, spec, tmp_path / "ck", tmp_path / "runs/resumed")
+    assert resumed.exit_status == 0
+    assert [e["step"] for e in kinds(resumed, "restored")] == [4]
+    candidate = verify.Run("candidate", [list(crashed.events()), list(resumed.events())], 0)
+    assert verify.verify(verify.load_run(reference.folder), candidate).proven
+    monkeypatch.setenv("NPROC", "")
+    unpinned = run_on(one, spec, tmp_path / "ck-unpinned", tmp_path / "runs/unpinned")
+    failed = kinds(unpinned, "failed")[0]
+    assert (failed["code"], failed["fields"]["nproc"]) == ("checkpoint.runtime", ["2", None])
