@@ -5,9 +5,11 @@ jobwarden pins XLA's CPU backend to one thread for bit-exact replay
 per second of:
 
 * ``pinned``: one process, XLA pinned to one thread (what an attached run gets);
-* ``pinned, pool of 1``: the same with XLA's CPU client pool at one thread
-  (``NPROC=1``) instead of the pinned two: exact too, with other bits, faster
-  for short updates and slower for larger reductions (docs/worker.md);
+* ``pinned, pool of P``: the same with XLA's CPU client pool at P threads
+  (``NPROC=P``, ``--pools``, 1 unless told) instead of the pinned two: exact
+  run after run too, with bits of their own (docs/worker.md); a pool of one
+  is faster for short updates and slower for larger reductions, a larger
+  pool may share those reductions among more of a big box's cores;
 * ``free``: one process with XLA's default threads (``--threads T`` sets
   ``intra_op_parallelism_threads=T`` instead), which is not exact;
 * ``ops 1 thread, T pool``: each op single-threaded (``--xla_cpu_multi_thread_eigen=false``)
@@ -30,7 +32,7 @@ results (state hashes over every bit); a pinned run gives one, a free run may
 give several.  The members' job is run twice and its final state hashes
 compared (docs/multiprocess.md: equal for a given N).
 
-    .venv/bin/python bench/threads.py [--rounds 3] [--processes 2] [--threads T]
+    .venv/bin/python bench/threads.py [--rounds 3] [--processes 2] [--threads T] [--pools 1,8]
 
 Prints a table and writes ``bench/results/threads.json``.  On a bigger box
 raise ``--processes`` (and the batch, which N must divide) to see whether N
@@ -55,7 +57,7 @@ from typing import Any
 from figures import context, records
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-POOL_OF_ONE = "pinned, pool of 1"
+POOL = "pinned, pool of "
 
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -176,6 +178,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=20, help="repeats of one update")
     parser.add_argument("--processes", type=int, default=2, help="N pinned members")
     parser.add_argument("--threads", type=int, help="XLA's threads when free (default: XLA's)")
+    parser.add_argument("--pools", default="1", help="pinned runs' other pool sizes (NPROC)")
     parser.add_argument("--width", type=int, default=256, help="the mlp task's width")
     parser.add_argument("--batch", type=int, default=1024, help="the mlp task's batch (N | it)")
     parser.add_argument("--hidden", default="1024,2048", help="the digits model's widths")
@@ -198,7 +201,8 @@ def main() -> int:
     n = args.processes
     base = Path(tempfile.mkdtemp(prefix="jobwarden-bench-threads-"))
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
-    configs = [(w, s, c) for w, s in loads for c in ("pinned", POOL_OF_ONE, free, split)]
+    pools = [f"{POOL}{size}" for size in args.pools.split(",") if size]
+    configs = [(w, s, c) for w, s in loads for c in ("pinned", *pools, free, split)]
     configs += [("mlp", args.width, "worker, 1 process"), ("mlp", args.width, f"{n} members")]
     for number in range(args.rounds):
         shift = number % len(configs)
@@ -217,7 +221,7 @@ def main() -> int:
                     "size": size,
                     "batch": args.batch,
                     "threads": "pinned" if config.startswith("pinned") else "free",
-                    "nproc": "1" if config == POOL_OF_ONE else None,
+                    "nproc": config.removeprefix(POOL) if config.startswith(POOL) else None,
                     "flags": flags.get(config, ""),
                     "updates": args.updates,
                     "repeats": args.repeats,
