@@ -163,3 +163,29 @@ def test_a_job_checkpointed_on_two_cpus_resumes_exactly_on_one(
     unpinned = run_on(one, spec, tmp_path / "ck-unpinned", tmp_path / "runs/unpinned")
     failed = kinds(unpinned, "failed")[0]
     assert (failed["code"], failed["fields"]["nproc"]) == ("checkpoint.runtime", ["2", None])
+
+
+def test_a_pool_of_eight_is_exact_through_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator's ``NPROC=8`` (a big box's pool; here eight threads on this machine's
+    CPUs): the crash drill's replay equals the uninterrupted run's, and its checkpoints
+    record the pool."""
+    monkeypatch.setenv("NPROC", "8")
+    cpus = set(os.sched_getaffinity(0))
+    train = {"width": 256, "batch_size": 1024, "examples": 1024}
+    run = {"steps": 8, "checkpoint_every": 4}
+    spec = job(tmp_path / "mlp.toml", "pool", "mlp", train=train, run=run)
+    crash = job(tmp_path / "crash.toml", "pool", "mlp", train=train, run=run,
+                faults={"crash_after": 6})  # fmt: skip
+    reference = run_on(cpus, spec, tmp_path / "reference", tmp_path / "runs/reference")
+    crashed = run_on(cpus, crash, tmp_path / "ck", tmp_path / "runs/crashed")
+    resumed = run_on(cpus, spec, tmp_path / "ck", tmp_path / "runs/resumed")
+    assert (reference.exit_status, crashed.exit_status, resumed.exit_status) == (
+        0,
+        -signal.SIGKILL,
+        0,
+    )
+    assert kinds(resumed, "started")[0]["runtime"]["nproc"] == "8"
+    candidate = verify.Run("candidate", [list(crashed.events()), list(resumed.events())], 0)
+    assert verify.verify(verify.load_run(reference.folder), candidate).proven
