@@ -101,7 +101,7 @@ def pin_before_start(*, exact: bool = True) -> str | None:
     return (
         "jobwarden: JAX started before the single-threaded CPU pins were set; replay may not "
         "be bit-exact (attach before the first JAX computation, or set "
-        f"XLA_FLAGS='{' '.join(PINNED_XLA_FLAGS)}' NPROC=2)"
+        f"XLA_FLAGS='{' '.join(PINNED_XLA_FLAGS)}' NPROC={PINNED_ENV['NPROC']})"
     )
 
 

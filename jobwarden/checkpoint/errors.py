@@ -125,7 +125,7 @@ class DataMismatch(IncompatibleCheckpoint):
 
 
 class RuntimeMismatch(IncompatibleCheckpoint):
-    """Raised when python, jax, jaxlib, numpy, backend, XLA flags or its CPU pool differ."""
+    """Raised when python, jax, jaxlib, numpy, backend, XLA flags or XLA's CPU pool differ."""
 
     code = "checkpoint.runtime"
     exit_status = 27

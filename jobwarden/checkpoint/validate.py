@@ -144,7 +144,7 @@ def check_manifest(path: str, manifest: Manifest, expected: Expected, step_from_
     runtime = differing(prov.runtime, expected.runtime)
     if runtime:
         listing = ", ".join(f"{k} (saved {v[0]!r}, running {v[1]!r})" for k, v in runtime.items())
-        if runtime.get("nproc", [""])[0] is None:
+        if "nproc" in runtime and runtime["nproc"][0] is None:
             listing += (
                 "; written before XLA's CPU pool was pinned: resume it with NPROC set empty "
                 "on the machine that wrote it"
