@@ -134,6 +134,23 @@ def run_on(cpus: set[int], job_file: Path, checkpoints: Path, folder: Path) -> A
     return AttemptResult(folder, status)
 
 
+def mlp_jobs(tmp_path: Path) -> tuple[Path, Path]:
+    """The mlp task wide enough that a pool of one gives other bits from the first update
+    (8 updates, a checkpoint every 4), and the same job crashing after update 6."""
+    train = {"width": 256, "batch_size": 1024, "examples": 1024}
+    run = {"steps": 8, "checkpoint_every": 4}
+    spec = job(tmp_path / "mlp.toml", "pool", "mlp", train=train, run=run)
+    crash = job(tmp_path / "crash.toml", "pool", "mlp", train=train, run=run,
+                faults={"crash_after": 6})  # fmt: skip
+    return spec, crash
+
+
+def replays_exactly(reference: AttemptResult, *attempts: AttemptResult) -> bool:
+    """Whether the attempts, in order, prove every update of the uninterrupted run."""
+    candidate = verify.Run("candidate", [list(a.events()) for a in attempts], 0)
+    return verify.verify(verify.load_run(reference.folder), candidate).proven
+
+
 def test_a_job_checkpointed_on_two_cpus_resumes_exactly_on_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -144,11 +161,7 @@ def test_a_job_checkpointed_on_two_cpus_resumes_exactly_on_one(
     if len(cpus) < 2:
         pytest.skip("SKIPPED LOUDLY: this process may use one CPU only; the test compares 1 and 2")
     two, one = set(cpus[:2]), {cpus[0]}
-    train = {"width": 256, "batch_size": 1024, "examples": 1024}
-    run = {"steps": 8, "checkpoint_every": 4}
-    spec = job(tmp_path / "mlp.toml", "pool", "mlp", train=train, run=run)
-    crash = job(tmp_path / "crash.toml", "pool", "mlp", train=train, run=run,
-                faults={"crash_after": 6})  # fmt: skip
+    spec, crash = mlp_jobs(tmp_path)
     reference = run_on(two, spec, tmp_path / "reference", tmp_path / "runs/reference")
     assert reference.exit_status == 0
     crashed = run_on(two, crash, tmp_path / "ck", tmp_path / "runs/crashed")
@@ -157,8 +170,7 @@ def test_a_job_checkpointed_on_two_cpus_resumes_exactly_on_one(
     resumed = run_on(one, spec, tmp_path / "ck", tmp_path / "runs/resumed")
     assert resumed.exit_status == 0
     assert [e["step"] for e in kinds(resumed, "restored")] == [4]
-    candidate = verify.Run("candidate", [list(crashed.events()), list(resumed.events())], 0)
-    assert verify.verify(verify.load_run(reference.folder), candidate).proven
+    assert replays_exactly(reference, crashed, resumed)
     monkeypatch.setenv("NPROC", "")
     unpinned = run_on(one, spec, tmp_path / "ck-unpinned", tmp_path / "runs/unpinned")
     failed = kinds(unpinned, "failed")[0]
@@ -173,11 +185,7 @@ def test_a_pool_of_eight_is_exact_through_a_crash(
     record the pool."""
     monkeypatch.setenv("NPROC", "8")
     cpus = set(os.sched_getaffinity(0))
-    train = {"width": 256, "batch_size": 1024, "examples": 1024}
-    run = {"steps": 8, "checkpoint_every": 4}
-    spec = job(tmp_path / "mlp.toml", "pool", "mlp", train=train, run=run)
-    crash = job(tmp_path / "crash.toml", "pool", "mlp", train=train, run=run,
-                faults={"crash_after": 6})  # fmt: skip
+    spec, crash = mlp_jobs(tmp_path)
     reference = run_on(cpus, spec, tmp_path / "reference", tmp_path / "runs/reference")
     crashed = run_on(cpus, crash, tmp_path / "ck", tmp_path / "runs/crashed")
     resumed = run_on(cpus, spec, tmp_path / "ck", tmp_path / "runs/resumed")
@@ -187,5 +195,4 @@ def test_a_pool_of_eight_is_exact_through_a_crash(
         0,
     )
     assert kinds(resumed, "started")[0]["runtime"]["nproc"] == "8"
-    candidate = verify.Run("candidate", [list(crashed.events()), list(resumed.events())], 0)
-    assert verify.verify(verify.load_run(reference.folder), candidate).proven
+    assert replays_exactly(reference, crashed, resumed)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
+from jobwarden import files
 from jobwarden.checkpoint import format
 from jobwarden.checkpoint.store import file_name
 from jobwarden.proof import verify
@@ -40,6 +43,17 @@ def resume(
 ) -> AttemptResult:
     """Run the job again on ``ck`` (same id and training fields unless overridden)."""
     return worker(job(tmp_path / "resume.toml", "corrupt", **sections), ck)
+
+
+def rewrite_runtime(path: Path, edit: Callable[[dict[str, str]], object]) -> None:
+    """Write ``path`` back as a fully valid checkpoint whose recorded runtime ``edit`` changed
+    (in place): a checkpoint written under another runtime."""
+    checkpoint = format.read(path)
+    runtime = dict(checkpoint.manifest.provenance.runtime)
+    edit(runtime)
+    provenance = dataclasses.replace(checkpoint.manifest.provenance, runtime=runtime)
+    manifest = dataclasses.replace(checkpoint.manifest, provenance=provenance)
+    files.commit(path, format.encode(manifest, checkpoint.leaves()))
 
 
 def continues_exactly(reference: AttemptResult, resumed: AttemptResult) -> bool:
@@ -162,18 +176,7 @@ def test_runtime_change_is_refused_naming_the_field(
     worker: Runner, tmp_path: Path, ck: Path
 ) -> None:
     """A checkpoint recorded under other XLA flags is refused as a runtime mismatch."""
-    path = ck / file_name(4)
-    checkpoint = format.read(path)
-    runtime = dict(checkpoint.manifest.provenance.runtime, jaxlib="0.0.1")
-    import dataclasses
-
-    from jobwarden import files
-
-    manifest = dataclasses.replace(
-        checkpoint.manifest,
-        provenance=dataclasses.replace(checkpoint.manifest.provenance, runtime=runtime),
-    )
-    files.commit(path, format.encode(manifest, checkpoint.leaves()))
+    rewrite_runtime(ck / file_name(4), lambda runtime: runtime.update(jaxlib="0.0.1"))
     resumed = resume(worker, tmp_path, ck)
     failed = kinds(resumed, "failed")[0]
     assert failed["code"] == "checkpoint.runtime"
@@ -190,19 +193,9 @@ def test_a_checkpoint_from_before_the_pinned_pool_is_refused_and_resumes_with_np
 ) -> None:
     """A runtime without ``nproc`` (written before XLA's CPU pool was pinned) is refused,
     the message saying how to resume it; with ``NPROC`` set empty it resumes, exactly."""
-    path = ck / file_name(4)
-    checkpoint = format.read(path)
-    runtime = dict(checkpoint.manifest.provenance.runtime)
-    assert runtime.pop("nproc") == "2"
-    import dataclasses
-
-    from jobwarden import files
-
-    manifest = dataclasses.replace(
-        checkpoint.manifest,
-        provenance=dataclasses.replace(checkpoint.manifest.provenance, runtime=runtime),
-    )
-    files.commit(path, format.encode(manifest, checkpoint.leaves()))
+    removed: list[str] = []
+    rewrite_runtime(ck / file_name(4), lambda runtime: removed.append(runtime.pop("nproc")))
+    assert removed == ["2"]
     refused = resume(worker, tmp_path, ck)
     failed = kinds(refused, "failed")[0]
     assert (failed["code"], failed["fields"]["nproc"]) == ("checkpoint.runtime", [None, "2"])
