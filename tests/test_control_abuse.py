@@ -386,8 +386,47 @@ def test_wardenctl_says_daemon_busy_instead_of_a_traceback(tmp_path: Path, behav
         )
     assert (done.returncode, done.stdout) == (5, ""), done.stderr
     assert done.stderr.startswith("wardenctl: daemon busy: wardend is busy on ")
+    if behaviour == "busy":  # the daemon's own reason
+        assert f"{path}: full, for 0.5 s" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert time.monotonic() - began < 10
+
+
+def test_a_submit_that_kept_nothing_is_sent_again(tmp_path: Path) -> None:
+    """A daemon short of descriptors answers a submit whose drop failed control.busy,
+    "nothing was kept": the client sends the same request again, and returns the answer
+    to it."""
+    path = tmp_path / "short.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(4)
+    lines: list[bytes] = []
+
+    def serve() -> None:
+        for answer in (
+            b'{"code": "control.busy", "message": "submit: the daemon is short of resources '
+            b'(EMFILE); nothing was kept: send it again"}',
+            None,
+        ):
+            conn, _ = server.accept()
+            with conn:
+                lines.append(conn.makefile("rb").readline())
+                body = b'"ok": true, "result": {"accepted": true, "job": "sent"}'
+                if answer is not None:
+                    body = b'"ok": false, "error": ' + answer
+                conn.sendall(b'{"v": 1, "id": 1, ' + body + b"}\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        answer = client.request(path, "submit", timeout=10, name="sent.toml", content="x")
+    finally:
+        thread.join(10)
+        server.close()
+    assert answer == {"accepted": True, "job": "sent"}
+    assert len(lines) == 2, lines
+    assert lines[0] == lines[1], lines
+    assert json.loads(lines[0])["cmd"] == "submit"
 
 
 def test_wardenctl_doc_lists_every_exit_status() -> None:

@@ -5,10 +5,11 @@ full, it already serves its maximum of clients, or it does not answer in time)
 is *busy*, which is not the same as *not running*: `request` retries a full
 backlog, a ``control.busy`` answer, or a connection closed before the request
 was written whole (a broken pipe and no answer), with a short backoff until its
-timeout, then raises `DaemonBusy`.  Each of these proves that the daemon did not
-run the request; a request that went unanswered after it was written is never
-sent again.  Only the first line of an answer is the answer: a ``control.busy``
-line may follow it when the daemon closes the connection.
+timeout, then raises `DaemonBusy`.  Each of these proves that the daemon kept
+nothing of the request (a ``submit`` answered busy because the daemon was short of
+descriptors, memory or space dropped nothing); a request that went unanswered
+after it was written is never sent again.  Only the first line of an answer is the
+answer: a ``control.busy`` line may follow it when the daemon closes the connection.
 """
 
 from __future__ import annotations
@@ -211,5 +212,5 @@ def _exchange(path: Path, line: bytes, deadline: float, timeout: float) -> dict[
         )
     failure = reply.get("error")
     if not reply.get("ok") and isinstance(failure, dict) and failure.get("code") == "control.busy":
-        raise _Busy("it serves its maximum of clients")
+        raise _Busy(str(failure.get("message") or "it serves its maximum of clients"))
     return reply

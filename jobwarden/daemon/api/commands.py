@@ -168,9 +168,11 @@ async def submit(daemon: View, args: dict[str, Any]) -> Any:
     directory, so the daemon performs the Maildir drop itself (write in
     spool/tmp, fsync, rename into spool/incoming) and reports the outcome.
     The drop and the intake run in the intake thread; a failed drop leaves
-    nothing behind.  Short of descriptors, memory or space, the answer is
-    ``control.exhausted``: nothing was kept if the drop failed; a request
-    dropped but not yet taken in stays in the spool for the next rescan.
+    nothing behind.  Short of descriptors, memory or space: a drop that failed
+    kept nothing, and the answer is ``control.busy``, which clients send again
+    (`jobwarden.control.client.request`); a request dropped but not yet taken in
+    stays in the spool for the next rescan, and the answer is
+    ``control.exhausted``, which must not be sent again.
     """
     name, content = args.get("name"), args.get("content")
     problems = submit_problems(name, content)
@@ -182,7 +184,7 @@ async def submit(daemon: View, args: dict[str, Any]) -> Any:
         if not short_of_resources(error):
             raise
         raise ControlError(
-            "control.exhausted",
+            "control.busy",
             f"submit: the daemon is short of resources ({describe(error)}); "
             "nothing was kept: send it again",
         ) from error
