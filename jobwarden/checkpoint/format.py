@@ -116,9 +116,13 @@ class Digests:
         return f"{HASH_NAME}:{self.checksum.hexdigest()}"
 
 
-def header(manifest: Manifest, checksum: str, signature: str | None) -> bytes:
-    """The 8-byte length and the padded JSON header; its length depends on the texts' lengths."""
-    meta = {"jobwarden": manifest.to_json(), "checksum": checksum}
+def header(
+    manifest: Manifest, checksum: str, signature: str | None, manifest_text: str | None = None
+) -> bytes:
+    """The 8-byte length and the padded JSON header; its length depends on the texts' lengths.
+    ``manifest_text`` is ``manifest.to_json()``, when the caller has it already."""
+    text_of_manifest = manifest.to_json() if manifest_text is None else manifest_text
+    meta = {"jobwarden": text_of_manifest, "checksum": checksum}
     if signature is not None:
         meta["signature"] = signature
     table: dict[str, Any] = {"__metadata__": meta}
