@@ -81,7 +81,10 @@ def test_a_kill_between_launch_and_pid_save_waits_for_the_orphan_and_resumes_exa
     completes the job: no duplicate_writer.
 
     The orphan stalls for good after step 2's commit and the test kills it only once the
-    second daemon says it waits, so the wait is seen however slowly that daemon starts."""
+    second daemon says it waits, so the wait is seen however slowly that daemon starts.
+    The first daemon is killed only once the orphan's stderr says its stall began: killed
+    between the commit and the stall, it would have the orphan preempted (its supervisor
+    gone) and leave none."""
     monkeypatch.setenv(ENV, Fault.PAUSE_AFTER_LAUNCH.value)
     first = Daemon(tmp_path / "root", compile_cache).start()
     started.append(first)
@@ -98,6 +101,13 @@ def test_a_kill_between_launch_and_pid_save_waits_for_the_orphan_and_resumes_exa
         what="the orphan's commit of step 2",
     )
     orphan = int((checkpoints / ".writer.lock").read_text())
+    stderr = first.root / "jobs" / "orphan" / "attempts" / "1" / "stderr.log"
+    wait_until(
+        stderr.read_text,
+        lambda text: "injected stall of 600 s after update 2" in text,
+        timeout=60,
+        what="the orphan's stall",
+    )
     assert first.stop(signal.SIGKILL) == -signal.SIGKILL
     monkeypatch.delenv(ENV)
     with Daemon(tmp_path / "root", compile_cache) as second:

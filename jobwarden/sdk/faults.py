@@ -53,8 +53,12 @@ class FaultPlan:
     def before_update(self, completed: int) -> None:
         """Stall or slow down before the next update, as configured."""
         if self.faults.stall_at == completed:
-            self.emitter.emit("stall_injected", step=completed, seconds=self.faults.stall_seconds)
-            time.sleep(self.faults.stall_seconds)
+            seconds = self.faults.stall_seconds
+            self.emitter.emit("stall_injected", step=completed, seconds=seconds)
+            # As an injected crash does: stderr says the hang was the drill's, and a test
+            # whose supervisor cannot read events sees the stall begun.
+            human(f"jobwarden worker: injected stall of {seconds:g} s after update {completed}\n")
+            time.sleep(seconds)
         if self.faults.step_delay_s:
             time.sleep(self.faults.step_delay_s)
 
