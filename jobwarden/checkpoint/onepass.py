@@ -104,16 +104,23 @@ def _write_cached(fd: int, offset: int, views: list[memoryview], digests: Digest
         for at in range(0, len(view), CACHED_PIECE):
             piece = view[at : at + CACHED_PIECE]
             if batch and (size + len(piece) > CACHED_PIECE or len(batch) == MAX_GATHERED):
-                offset = _pwritev_all(fd, batch, offset, size)
-                for written in batch:
-                    digests.update(written)
+                offset = _write_hashed(fd, batch, offset, size, digests)
                 batch, size = [], 0
             batch.append(piece)
             size += len(piece)
     if batch:
-        _pwritev_all(fd, batch, offset, size)
-        for written in batch:
-            digests.update(written)
+        _write_hashed(fd, batch, offset, size, digests)
+
+
+def _write_hashed(
+    fd: int, views: list[memoryview], offset: int, size: int, digests: Digests
+) -> int:
+    """Write ``views`` (``size`` bytes together) in order at ``offset``, then feed them to
+    ``digests``; returns the end."""
+    end = _pwritev_all(fd, views, offset, size)
+    for view in views:
+        digests.update(view)
+    return end
 
 
 def _pwritev_all(fd: int, views: list[memoryview], offset: int, size: int) -> int:
